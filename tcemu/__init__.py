@@ -1,0 +1,16 @@
+"""tcemu: bit-exact emulation of NVIDIA tensor-core warp instructions in JAX.
+
+Register level: ``tcemu.ptx(spelling, arch)`` returns a pure function over a warp's registers
+(``tcemu.regfile``) and byte-addressed memory (``tcemu.memory``). Value level: ``tcemu.mma``.
+Numerics: ``tcemu.BlockFMA`` (the fused block-FMA model), ``tcemu.numerics(arch)`` (presets).
+"""
+from tcemu._src.api import mma, ptx, regfile
+from tcemu._src.arch import Arch
+from tcemu._src.memory import get_matrix, memory, put_matrix
+from tcemu._src.numerics.model import BlockFMA
+from tcemu._src.numerics.presets import ArchNumerics, numerics
+
+__version__ = "0.1.0"
+
+__all__ = ["Arch", "ArchNumerics", "BlockFMA", "get_matrix", "memory", "mma", "numerics", "ptx",
+           "put_matrix", "regfile"]

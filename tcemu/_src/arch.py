@@ -1,0 +1,47 @@
+"""Architecture names: ``sm_XX`` targets and the GPU names users know them by.
+
+    >>> from tcemu._src.arch import resolve
+    >>> resolve("H100").sm, resolve("sm_90a").name
+    (90, 'sm_90')
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+
+
+@dataclasses.dataclass(frozen=True)
+class Arch:
+    name: str  # canonical sm_XX
+    sm: int
+    gpu: str | None = None  # the GPU name given, if any
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.gpu})" if self.gpu else self.name
+
+
+SM = {"sm_70": 70, "sm_72": 72, "sm_75": 75, "sm_80": 80, "sm_86": 86, "sm_87": 87, "sm_89": 89,
+      "sm_90": 90, "sm_100": 100}
+GPUS = {"V100": "sm_70", "T4": "sm_75", "A100": "sm_80", "A30": "sm_80", "A2": "sm_86",
+        "L40S": "sm_89", "Ada": "sm_89", "RTX1000Ada": "sm_89", "H100": "sm_90", "H200": "sm_90",
+        "B200": "sm_100"}
+
+
+def resolve(arch) -> Arch:
+    """An :class:`Arch` from ``"sm_90"``, ``"sm_90a"``, ``"H100"`` (case-insensitive) or an Arch."""
+    if isinstance(arch, Arch):
+        return arch
+    if not isinstance(arch, str):
+        raise TypeError(f"arch must be a string such as 'sm_90' or 'H100', got {type(arch).__name__}")
+    key = arch.strip()
+    low = key.lower()
+    for gpu, sm in GPUS.items():
+        if gpu.lower() == low:
+            return Arch(sm, SM[sm], gpu)
+    base = low[:-1] if low.endswith(("a", "f")) and low[:-1] in SM else low
+    if base in SM:
+        return Arch(base, SM[base])
+    choices = sorted(SM) + sorted(GPUS)
+    close = difflib.get_close_matches(key, choices, n=3)
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    raise ValueError(f"unknown arch {arch!r}{hint}; valid: {', '.join(choices)}")

@@ -1,0 +1,153 @@
+"""Bit-level floating-point formats: decode IEEE-style bit patterns into integer fields and back.
+
+Everything here is 32-bit integer arithmetic on ``uint32``/``int32`` arrays, so it runs with
+``jax_enable_x64`` off and gives identical bits on every backend. Formats wider than 32 bits
+(float64) live in :mod:`tcemu._src.numerics.fma64`.
+
+Example::
+
+    >>> import jax.numpy as jnp
+    >>> from tcemu._src import formats
+    >>> d = formats.decode(jnp.uint32(0x3C00), formats.F16)     # 1.0 in binary16
+    >>> int(d.exp), int(d.sig)
+    (0, 1024)
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class FloatFormat:
+    """A binary floating-point format stored in the low ``storage_bits`` of a uint32.
+
+    ``shift`` places the format inside its storage (tf32 lives in the top 19 bits of a float32).
+    ``has_inf=False`` marks the OCP "fn" formats (e4m3: only S.1111.111 is NaN, no infinities).
+    """
+
+    name: str
+    exponent_bits: int
+    fraction_bits: int
+    storage_bits: int
+    has_inf: bool = True
+    shift: int = 0
+
+    @property
+    def bias(self) -> int:
+        return (1 << (self.exponent_bits - 1)) - 1
+
+    @property
+    def emin(self) -> int:
+        return 1 - self.bias
+
+    @property
+    def emax(self) -> int:
+        top = (1 << self.exponent_bits) - 1
+        return (top - 1 if self.has_inf else top) - self.bias
+
+    @property
+    def max_fraction(self) -> int:
+        """Fraction field of the largest finite value."""
+        m = (1 << self.fraction_bits) - 1
+        return m if self.has_inf else m - 1
+
+    @property
+    def canonical_nan(self) -> int:
+        """Positive NaN with every fraction bit set (what NVIDIA tensor cores return)."""
+        e = (1 << self.exponent_bits) - 1
+        return ((e << self.fraction_bits) | ((1 << self.fraction_bits) - 1)) << self.shift
+
+    def inf_bits(self, sign):
+        e = (1 << self.exponent_bits) - 1
+        body = (e << self.fraction_bits) << self.shift
+        return jnp.where(sign != 0, jnp.uint32(body | self.sign_bit), jnp.uint32(body))
+
+    @property
+    def sign_bit(self) -> int:
+        return 1 << (self.exponent_bits + self.fraction_bits + self.shift)
+
+
+F16 = FloatFormat("f16", 5, 10, 16)
+BF16 = FloatFormat("bf16", 8, 7, 16)
+TF32 = FloatFormat("tf32", 8, 10, 32, shift=13)
+F32 = FloatFormat("f32", 8, 23, 32)
+E4M3 = FloatFormat("e4m3", 4, 3, 8, has_inf=False)
+E5M2 = FloatFormat("e5m2", 5, 2, 8)
+# Accumulator of Hopper/Ada fp8 MMAs: binary32 range, 13 fraction bits, stored as float32.
+E8M13 = FloatFormat("e8m13", 8, 13, 32, shift=10)
+
+FORMATS = {f.name: f for f in (F16, BF16, TF32, F32, E4M3, E5M2)}
+
+# JAX / NumPy dtype of the values of each PTX element type (tf32 values are float32 arrays).
+VALUE_DTYPES = {
+    "f16": jnp.float16, "bf16": jnp.bfloat16, "tf32": jnp.float32, "f32": jnp.float32,
+    "f64": jnp.float64, "e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2,
+    "s8": jnp.int8, "u8": jnp.uint8, "s4": jnp.int8, "u4": jnp.uint8, "b1": jnp.uint8,
+    "s32": jnp.int32,
+}
+STORAGE_DTYPES = {16: jnp.uint16, 32: jnp.uint32, 8: jnp.uint8}
+
+
+class Decoded(NamedTuple):
+    """Integer fields of a float: value = (-1)**sign * sig * 2**(exp - fraction_bits).
+
+    ``exp`` is the unbiased exponent, ``emin`` for subnormals and zero; ``sig`` includes the hidden
+    bit (0 for zero and subnormals).
+    """
+
+    sign: jnp.ndarray  # int32 0/1
+    exp: jnp.ndarray  # int32
+    sig: jnp.ndarray  # int32
+    is_nan: jnp.ndarray  # bool
+    is_inf: jnp.ndarray  # bool
+
+
+def decode(bits, fmt: FloatFormat, *, flush_subnormals: bool = False) -> Decoded:
+    """Split bit patterns (any unsigned/signed integer dtype) into :class:`Decoded` fields."""
+    u = jnp.asarray(bits).astype(jnp.uint32) >> fmt.shift
+    fb, eb = fmt.fraction_bits, fmt.exponent_bits
+    frac = (u & ((1 << fb) - 1)).astype(jnp.int32)
+    efield = ((u >> fb) & ((1 << eb) - 1)).astype(jnp.int32)
+    sign = ((u >> (fb + eb)) & 1).astype(jnp.int32)
+    top = (1 << eb) - 1
+    if fmt.has_inf:
+        special = efield == top
+        is_nan = special & (frac != 0)
+        is_inf = special & (frac == 0)
+    else:
+        is_nan = (efield == top) & (frac == (1 << fb) - 1)
+        is_inf = jnp.zeros_like(is_nan)
+    normal = efield != 0
+    if flush_subnormals:
+        frac = jnp.where(normal, frac, 0)
+    sig = jnp.where(normal, frac | (1 << fb), frac)
+    exp = jnp.where(normal, efield - fmt.bias, fmt.emin)
+    return Decoded(sign, exp, sig, is_nan, is_inf)
+
+
+def to_bits(x, etype: str):
+    """Bit patterns (uint32) of a typed JAX/NumPy array of PTX element type ``etype``."""
+    x = jnp.asarray(x)
+    if etype in ("s32", "s8", "u8", "s4", "u4", "b1"):
+        return x
+    storage = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize]
+    return jax.lax.bitcast_convert_type(x, storage).astype(jnp.uint32)
+
+
+def from_bits(bits, etype: str):
+    """Typed array of PTX element type ``etype`` from uint32 bit patterns."""
+    dt = jnp.dtype(VALUE_DTYPES[etype])
+    storage = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[dt.itemsize]
+    return jax.lax.bitcast_convert_type(jnp.asarray(bits).astype(storage), dt)
+
+
+def np_bits(x) -> np.ndarray:
+    """NumPy helper: the uint bit patterns of a float array (any of the supported dtypes)."""
+    x = np.asarray(x)
+    return x.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[x.dtype.itemsize])

@@ -1,0 +1,353 @@
+"""PTX spellings -> validated instruction descriptions (frozen dataclasses).
+
+Qualifiers after the opcode may come in any order, as ptxas accepts them (the PTX ISA itself
+writes both ``wmma.load.a.sync.aligned.row.m16n16k16.f16`` and ``...m16n16k16.row.f16``);
+types are read in the order PTX defines (d, a, b, c). ``.aligned`` may be omitted (implicit
+before PTX ISA 6.3) and state-space qualifiers ``.global``, ``.shared``, ``.shared::cta``
+parse. Anything else raises :class:`ValueError` naming the valid choices.
+
+    >>> from tcemu._src.isa.parse import parse
+    >>> parse("wmma.load.a.sync.aligned.row.m16n16k16.f16").etype
+    'f16'
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+
+from tcemu._src.isa import wmma_spec as S
+
+LAYOUTS = ("row", "col")
+SPACES = ("global", "shared", "shared::cta")
+FLOAT_TYPES = ("f16", "bf16", "tf32", "f32", "f64", "e4m3", "e5m2")
+INT_TYPES = ("s8", "u8", "s4", "u4", "b1", "s32")
+TYPES = FLOAT_TYPES + INT_TYPES
+ROUNDINGS = ("rn", "rz", "rm", "rp")
+ELEMENT_BITS = {**S.ELEMENT_BITS, "e4m3": 8, "e5m2": 8}
+
+
+@dataclasses.dataclass(frozen=True)
+class WmmaLoad:
+    spelling: str
+    matrix: str  # "a" | "b" | "c"
+    layout: str
+    shape: str
+    etype: str
+    space: str | None
+
+    @property
+    def nregs(self) -> int:
+        return S.FRAGMENT_REGS[(self.shape, self.matrix, self.etype)]
+
+
+@dataclasses.dataclass(frozen=True)
+class WmmaStore:
+    spelling: str
+    layout: str
+    shape: str
+    etype: str
+    space: str | None
+    matrix: str = "d"
+
+    @property
+    def nregs(self) -> int:
+        return S.FRAGMENT_REGS[(self.shape, "c", self.etype)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Mma:
+    """Any MMA: ``wmma.mma``, ``mma.sync`` or ``wgmma.mma_async`` (``kind`` says which)."""
+
+    spelling: str
+    kind: str  # "wmma" | "mma" | "wgmma"
+    shape: str
+    m: int
+    n: int
+    k: int
+    dtype: str
+    atype: str
+    btype: str
+    ctype: str
+    alayout: str = "row"
+    blayout: str = "col"
+    satfinite: bool = False
+    rnd: str | None = None  # f64 rounding (.rn default)
+    op: str | None = None  # "xor" | "and" for b1
+
+    @property
+    def family(self) -> str:
+        """Numerics family of the inputs: f16, bf16, tf32, fp8, f64, int, b1."""
+        if self.atype in ("e4m3", "e5m2"):
+            return "fp8"
+        if self.atype in ("s8", "u8", "s4", "u4"):
+            return "int"
+        return self.atype
+
+
+def _close(tok, choices):
+    m = difflib.get_close_matches(tok, choices, n=3)
+    return f" (did you mean {', '.join('.' + c for c in m)}?)" if m else ""
+
+
+def _split(spelling: str, prefix: str):
+    if not isinstance(spelling, str):
+        raise TypeError(f"a PTX spelling must be a string, got {type(spelling).__name__}")
+    s = spelling.strip().rstrip(";")
+    if not s.startswith(prefix + "."):
+        raise ValueError(f"{spelling!r} does not start with {prefix!r}")
+    return s, s[len(prefix) + 1:].split(".")
+
+
+class _Quals:
+    """Sorts qualifier tokens into categories, rejecting unknown and repeated ones."""
+
+    def __init__(self, spelling, tokens, categories: dict[str, tuple[str, ...]], shapes_re=None):
+        self.found: dict[str, list[str]] = {c: [] for c in categories}
+        valid = [v for vs in categories.values() for v in vs]
+        for tok in tokens:
+            if not tok:
+                raise ValueError(f"{spelling!r}: empty qualifier (two dots in a row?)")
+            for cat, vals in categories.items():
+                if tok in vals:
+                    self.found[cat].append(tok)
+                    break
+            else:
+                if shapes_re and re.fullmatch(r"m\d+n\d+k\d+", tok):
+                    raise ValueError(f"{spelling!r}: shape .{tok} is not valid here; valid shapes: "
+                                     f"{', '.join('.' + v for v in categories['shape'])}")
+                raise ValueError(f"{spelling!r}: unknown qualifier .{tok}{_close(tok, valid)}; valid "
+                                 f"qualifiers: {', '.join('.' + v for v in valid)}")
+
+    def one(self, spelling, cat, *, required=True, multi_ok=False):
+        vals = self.found[cat]
+        if len(vals) > 1 and not multi_ok:
+            raise ValueError(f"{spelling!r}: more than one {cat} qualifier: {', '.join(vals)}")
+        if not vals:
+            if required:
+                raise ValueError(f"{spelling!r}: missing the {cat} qualifier")
+            return None
+        return vals[0]
+
+
+def _common(spelling, q):
+    if not q.found["sync"]:
+        raise ValueError(f"{spelling!r}: the mandatory .sync qualifier is missing")
+    for cat in ("sync", "aligned"):
+        if len(q.found[cat]) > 1:
+            raise ValueError(f"{spelling!r}: .{cat} given twice")
+
+
+def parse_wmma_load(spelling: str) -> WmmaLoad:
+    s, toks = _split(spelling, "wmma.load")
+    if not toks or toks[0] not in ("a", "b", "c"):
+        raise ValueError(f"{spelling!r}: wmma.load needs the matrix qualifier .a, .b or .c first")
+    matrix = toks[0]
+    q = _Quals(s, toks[1:], {"sync": ("sync",), "aligned": ("aligned",), "layout": LAYOUTS,
+                             "shape": tuple(S.SHAPES), "space": SPACES, "type": TYPES}, True)
+    _common(s, q)
+    layout, shape, etype = q.one(s, "layout"), q.one(s, "shape"), q.one(s, "type")
+    space = q.one(s, "space", required=False)
+    valid = S.LOAD_TYPES[shape][matrix]
+    if etype not in valid:
+        raise ValueError(f"{spelling!r}: .{etype} is not a valid type for matrix {matrix} of .{shape}; "
+                         f"valid: {', '.join('.' + t for t in valid)}")
+    fixed = S.FIXED_LAYOUT.get((shape, matrix))
+    if fixed and layout != fixed:
+        raise ValueError(f"{spelling!r}: sub-byte and single-bit {matrix.upper()} must be .{fixed} "
+                         f"(PTX: A is .row and B is .col for .{shape})")
+    return WmmaLoad(s, matrix, layout, shape, etype, space)
+
+
+def parse_wmma_store(spelling: str) -> WmmaStore:
+    s, toks = _split(spelling, "wmma.store")
+    if not toks or toks[0] != "d":
+        raise ValueError(f"{spelling!r}: wmma.store needs the matrix qualifier .d first")
+    q = _Quals(s, toks[1:], {"sync": ("sync",), "aligned": ("aligned",), "layout": LAYOUTS,
+                             "shape": tuple(S.SHAPES), "space": SPACES, "type": TYPES}, True)
+    _common(s, q)
+    layout, shape, etype = q.one(s, "layout"), q.one(s, "shape"), q.one(s, "type")
+    valid = S.LOAD_TYPES[shape]["c"]
+    if etype not in valid:
+        raise ValueError(f"{spelling!r}: .{etype} is not a valid D type for .{shape}; "
+                         f"valid: {', '.join('.' + t for t in valid)}")
+    return WmmaStore(s, layout, shape, etype, q.one(s, "space", required=False))
+
+
+def _types_error(spelling, types, forms):
+    raise ValueError(f"{spelling!r}: type qualifiers {'.'.join([''] + list(types))} are not a valid "
+                     f"combination; valid (dtype.atype.btype.ctype): {'; '.join(forms)}")
+
+
+def parse_wmma_mma(spelling: str) -> Mma:
+    s, toks = _split(spelling, "wmma.mma")
+    op = None
+    if len(toks) >= 2 and toks[0] in S.B1_OPS and toks[1] == "popc":
+        op, toks = toks[0], toks[2:]
+    q = _Quals(s, toks, {"sync": ("sync",), "aligned": ("aligned",), "layout": LAYOUTS,
+                         "shape": tuple(S.SHAPES), "rnd": ROUNDINGS, "sat": ("satfinite",),
+                         "type": TYPES}, True)
+    _common(s, q)
+    lays = q.found["layout"]
+    if len(lays) != 2:
+        raise ValueError(f"{spelling!r}: wmma.mma needs two layout qualifiers (.alayout.blayout), got {len(lays)}")
+    shape = q.one(s, "shape")
+    types = q.found["type"]
+    sat = bool(q.found["sat"])
+    rnd = q.one(s, "rnd", required=False)
+    forms = ["f16 shapes: .dtype.ctype in {f16,f32}", ".f32.bf16.bf16.f32", ".f32.tf32.tf32.f32 (m16n16k8)",
+             ".f64.f64.f64.f64 (m8n8k4)", ".s32.{s8|u8}.{same}.s32", ".s32.{s4|u4}.{same}.s32 (m8n8k32)",
+             ".s32.b1.b1.s32 with .xor.popc/.and.popc (m8n8k128)"]
+    if len(types) == 2 and all(t in ("f16", "f32") for t in types):
+        d, c = types
+        a = b = "f16"
+    elif len(types) == 4:
+        d, a, b, c = types
+    else:
+        _types_error(s, types, forms)
+    valid_shapes = None
+    if a == b == "f16" and d in ("f16", "f32") and c in ("f16", "f32"):
+        valid_shapes = S.MMA_F16_SHAPES
+    elif (d, a, b, c) == ("f32", "bf16", "bf16", "f32"):
+        valid_shapes = S.MMA_F16_SHAPES
+    elif (d, a, b, c) == ("f32", "tf32", "tf32", "f32"):
+        valid_shapes = ("m16n16k8",)
+    elif (d, a, b, c) == ("f64",) * 4:
+        valid_shapes = ("m8n8k4",)
+    elif d == c == "s32" and a == b and a in S.MMA_INT_TYPES:
+        valid_shapes = S.MMA_F16_SHAPES
+    elif d == c == "s32" and a == b and a in S.MMA_SUBBYTE_TYPES:
+        valid_shapes = ("m8n8k32",)
+    elif (d, a, b, c) == ("s32", "b1", "b1", "s32"):
+        valid_shapes = ("m8n8k128",)
+    else:
+        _types_error(s, types, forms)
+    if shape not in valid_shapes:
+        raise ValueError(f"{spelling!r}: .{shape} is not valid for these types; valid: "
+                         f"{', '.join('.' + v for v in valid_shapes)}")
+    if sat and a not in S.MMA_INT_TYPES + S.MMA_SUBBYTE_TYPES:
+        raise ValueError(f"{spelling!r}: .satfinite is only valid for integer wmma.mma "
+                         "(floating-point .satfinite was removed in PTX ISA 6.5)")
+    if rnd and a != "f64":
+        raise ValueError(f"{spelling!r}: .{rnd} is only valid for .f64 wmma.mma")
+    if (a == "b1") != (op is not None):
+        raise ValueError(f"{spelling!r}: single-bit wmma.mma needs .xor.popc or .and.popc "
+                         "right after wmma.mma, and only single-bit takes it")
+    if a in S.MMA_SUBBYTE_TYPES + ("b1",) and tuple(lays) != ("row", "col"):
+        raise ValueError(f"{spelling!r}: sub-byte and single-bit wmma.mma must be .row.col")
+    m, n, k = S.SHAPES[shape]
+    return Mma(s, "wmma", shape, m, n, k, d, a, b, c, lays[0], lays[1], sat, rnd or ("rn" if a == "f64" else None), op)
+
+
+# ---------------------------------------------------------------------------------------------
+# mma.sync (PTX ISA 9.7.14.5.14): the shapes and type combinations per family.
+
+MMA_SYNC_FORMS: dict[str, tuple[str, ...]] = {
+    "f16": ("m8n8k4", "m16n8k8", "m16n8k16"),
+    "bf16": ("m16n8k8", "m16n8k16"),
+    "tf32": ("m16n8k4", "m16n8k8"),
+    "f64": ("m8n8k4", "m16n8k4", "m16n8k8", "m16n8k16"),
+    "fp8": ("m16n8k16", "m16n8k32"),
+    "int8": ("m8n8k16", "m16n8k16", "m16n8k32"),
+    "int4": ("m8n8k32", "m16n8k32", "m16n8k64"),
+    "b1": ("m8n8k128", "m16n8k128", "m16n8k256"),
+}
+MMA_SYNC_MIN_SM = {"f16": 70, "bf16": 80, "tf32": 80, "f64": 80, "fp8": 89, "int8": 75, "int4": 75, "b1": 75}
+
+
+def _mnk(shape):
+    m = re.fullmatch(r"m(\d+)n(\d+)k(\d+)", shape)
+    return tuple(int(x) for x in m.groups())
+
+
+def parse_mma_sync(spelling: str) -> Mma:
+    s, toks = _split(spelling, "mma")
+    op = None
+    if len(toks) >= 2 and toks[-1] == "popc" and toks[-2] in S.B1_OPS:
+        op, toks = toks[-2], toks[:-2]
+    shapes = tuple(sorted({sh for v in MMA_SYNC_FORMS.values() for sh in v}))
+    q = _Quals(s, toks, {"sync": ("sync",), "aligned": ("aligned",), "layout": LAYOUTS,
+                         "shape": shapes, "rnd": ROUNDINGS, "sat": ("satfinite",), "type": TYPES}, True)
+    _common(s, q)
+    shape = q.one(s, "shape")
+    lays = q.found["layout"]
+    if len(lays) != 2:
+        raise ValueError(f"{spelling!r}: mma.sync needs .alayout.blayout (e.g. .row.col)")
+    types = q.found["type"]
+    if len(types) != 4:
+        raise ValueError(f"{spelling!r}: mma.sync needs four types .dtype.atype.btype.ctype, got {types}")
+    d, a, b, c = types
+    if a in ("e4m3", "e5m2") and b in ("e4m3", "e5m2"):
+        fam = "fp8"
+        ok = d in ("f16", "f32") and c == d
+    elif {a, b} <= {"s8", "u8"}:
+        fam, ok = "int8", d == c == "s32"
+    elif {a, b} <= {"s4", "u4"}:
+        fam, ok = "int4", d == c == "s32"
+    elif a == b == "b1":
+        fam, ok = "b1", d == c == "s32"
+    elif a == b == "f16":
+        fam, ok = "f16", d in ("f16", "f32") and c in ("f16", "f32")
+    elif a == b and a in ("bf16", "tf32", "f64"):
+        fam = a
+        ok = d == c == ("f64" if a == "f64" else "f32")
+    else:
+        fam, ok = None, False
+    if not ok:
+        raise ValueError(f"{spelling!r}: .{'.'.join(types)} is not a valid mma.sync type combination")
+    if shape not in MMA_SYNC_FORMS[fam]:
+        raise ValueError(f"{spelling!r}: .{shape} is not valid for {fam} mma.sync; valid: "
+                         f"{', '.join('.' + v for v in MMA_SYNC_FORMS[fam])}")
+    if fam != "f16" or shape != "m8n8k4":
+        if tuple(lays) != ("row", "col"):
+            raise ValueError(f"{spelling!r}: only .m8n8k4 .f16 mma.sync takes layouts other than .row.col")
+    sat = bool(q.found["sat"])
+    if sat and fam not in ("int8", "int4"):
+        raise ValueError(f"{spelling!r}: .satfinite is only valid for integer mma.sync here")
+    rnd = q.one(s, "rnd", required=False)
+    if rnd and fam != "f64":
+        raise ValueError(f"{spelling!r}: rounding qualifiers are only valid for .f64 mma.sync")
+    if (fam == "b1") != (op is not None):
+        raise ValueError(f"{spelling!r}: single-bit mma.sync needs a trailing .xor.popc or .and.popc")
+    m, n, k = _mnk(shape)
+    return Mma(s, "mma", shape, m, n, k, d, a, b, c, lays[0], lays[1], sat,
+               rnd or ("rn" if fam == "f64" else None), op)
+
+
+def parse_wgmma(spelling: str) -> Mma:
+    """Dense ``wgmma.mma_async.sync.aligned.m64nNkK.dtype.atype.btype`` (value level)."""
+    s, toks = _split(spelling, "wgmma.mma_async")
+    q = _Quals(s, [t for t in toks if not re.fullmatch(r"m64n\d+k\d+", t)],
+               {"sync": ("sync",), "aligned": ("aligned",), "type": TYPES})
+    _common(s, q)
+    shapes = [t for t in toks if re.fullmatch(r"m64n\d+k\d+", t)]
+    if len(shapes) != 1:
+        raise ValueError(f"{spelling!r}: wgmma needs one .m64nNkK shape")
+    m, n, k = _mnk(shapes[0])
+    types = q.found["type"]
+    if len(types) != 3:
+        raise ValueError(f"{spelling!r}: wgmma needs .dtype.atype.btype")
+    d, a, b = types
+    want_k = {"f16": 16, "bf16": 16, "tf32": 8, "e4m3": 32, "e5m2": 32}
+    if a not in want_k or (a in ("e4m3", "e5m2")) != (b in ("e4m3", "e5m2")) or (
+            a not in ("e4m3", "e5m2") and a != b):
+        raise ValueError(f"{spelling!r}: unsupported wgmma types .{d}.{a}.{b}; valid atype/btype: "
+                         "f16, bf16, tf32, e4m3/e5m2 (any mix)")
+    if k != want_k[a] or n % 8 or not 8 <= n <= 256:
+        raise ValueError(f"{spelling!r}: .m64n{n}k{k} is not a wgmma shape for .{a} "
+                         f"(N = 8..256 step 8, K = {want_k[a]})")
+    if d not in ("f32", "f16") or (d == "f16" and a in ("bf16", "tf32")):
+        raise ValueError(f"{spelling!r}: .{d} accumulators are not valid with .{a}")
+    return Mma(s, "wgmma", shapes[0], m, n, k, d, a, b, d)
+
+
+def parse(spelling: str):
+    """Parse any supported PTX spelling into its instruction description."""
+    s = spelling.strip() if isinstance(spelling, str) else spelling
+    for prefix, fn in (("wmma.load", parse_wmma_load), ("wmma.store", parse_wmma_store),
+                       ("wmma.mma", parse_wmma_mma), ("wgmma.mma_async", parse_wgmma),
+                       ("mma", parse_mma_sync)):
+        if isinstance(s, str) and (s.startswith(prefix + ".")):
+            return fn(s)
+    raise ValueError(f"unsupported instruction {spelling!r}; supported: wmma.load, wmma.store, "
+                     "wmma.mma, mma.sync, wgmma.mma_async (value level)")

@@ -1,0 +1,296 @@
+"""wmma.load / wmma.store.d / wmma.mma as pure, jit-compiled functions over a warp's registers.
+
+A warp's registers are a ``uint32`` array ``regs`` of shape ``(32, nregs)`` (lane x register);
+memory is a 1-D ``uint8`` array. Contracts (public)::
+
+    load:  f(regs, mem, *, dst, p, stride=None) -> regs
+    store: f(mem, regs, *, src, p, stride=None) -> mem
+    mma:   f(regs, *, d, a, b, c) -> regs
+
+``dst``/``src``/``a``/``b``/``c``/``d`` are register indices in fragment order (PTX ``{x0, ...}``);
+a ``.f64`` element takes two consecutive registers, low word first. ``p`` (byte address) and
+``stride`` (elements) may be traced. Concrete values are checked against the PTX alignment rules
+("Matrix Storage for WMMA") and against the size of ``mem``; traced values cannot be checked:
+misaligned addresses are then used as given, and out-of-range bytes read as zero / are dropped.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tcemu._src import memory as memmod
+from tcemu._src.arch import Arch
+from tcemu._src.isa import wmma_spec as S
+from tcemu._src.isa.parse import ELEMENT_BITS, Mma, WmmaLoad, WmmaStore
+from tcemu._src.layouts.fragment import Fragment
+from tcemu._src.layouts import wmma as wmma_layouts
+from tcemu._src.numerics import mma as mma_numerics
+
+_U32 = jnp.uint32
+
+
+def wmma_fragment(arch: Arch, shape: str, matrix: str, etype: str, layout: str) -> Fragment:
+    """The measured (sm_75+) or published (sm_70) fragment of one wmma operand."""
+    mat = "c" if matrix == "d" else matrix
+    rows, cols = S.matrix_dims(shape, mat)
+    nregs = S.FRAGMENT_REGS[(shape, mat, etype)]
+    if arch.sm < 75:
+        key = (shape, mat, etype, layout)
+        if key not in wmma_layouts.SM70:
+            raise ValueError(f"no Volta (sm_70) wmma layout for {shape} {mat} .{etype}")
+        lb, vb = wmma_layouts.SM70[key]
+        src = "sm_70 (published: PTX m8n8k4 + Raihan et al. 2019, checked against ptxas 12.4)"
+    else:
+        lb, vb = wmma_layouts.SM75[(shape, mat, etype)]
+        src = "sm_75+ (measured on H200)"
+    return Fragment(rows, cols, S.ELEMENT_BITS[etype], nregs, lb, vb, src)
+
+
+# ---------------------------------------------------------------------------------------------
+# fragments <-> matrices
+
+
+def _first_holders(frag: Fragment):
+    """For every element (row, col): the first (lane, value) holding it."""
+    flat = (frag.coords[..., 0] * frag.cols + frag.coords[..., 1]).ravel()
+    _, first = np.unique(flat, return_index=True)
+    lane, v = np.divmod(first, frag.nvalues)
+    return lane.reshape(frag.rows, frag.cols), v.reshape(frag.rows, frag.cols)
+
+
+def fragment_to_matrix(words, frag: Fragment):
+    """(32, nregs) uint32 fragment registers -> (rows, cols) element bits (uint32, or (lo, hi))."""
+    lane, v = _first_holders(frag)
+    if frag.bits == 64:
+        return words[lane, 2 * v], words[lane, 2 * v + 1]
+    reg, slot = np.divmod(v, frag.per_reg)
+    val = words[lane, reg] >> (slot * frag.bits).astype(np.uint32)
+    return val & _U32((1 << frag.bits) - 1) if frag.bits < 32 else val
+
+
+def matrix_to_fragment(vals, frag: Fragment):
+    """(rows, cols) element bits (uint32, or (lo, hi) for 64-bit) -> (32, nregs) registers."""
+    r, c = frag.coords[..., 0], frag.coords[..., 1]
+    if frag.bits == 64:
+        lo, hi = vals
+        return jnp.stack([lo[r, c], hi[r, c]], -1).reshape(32, frag.nregs)
+    per = frag.per_reg
+    v = vals[r, c].reshape(32, frag.nregs, per).astype(_U32)
+    if frag.bits < 32:
+        v = v & _U32((1 << frag.bits) - 1)
+    shifts = jnp.asarray(np.arange(per, dtype=np.uint32) * frag.bits)
+    return jnp.sum(v << shifts, axis=-1, dtype=_U32)  # disjoint bit fields: sum == or
+
+
+# ---------------------------------------------------------------------------------------------
+# validation helpers
+
+
+def register_indices(spelling, name, idx, n, regs_shape):
+    try:
+        t = tuple(int(i) for i in idx)
+    except TypeError:
+        raise TypeError(f"{spelling}: {name}= must be a sequence of register indices, got {idx!r}") from None
+    if len(t) != n:
+        raise ValueError(f"{spelling}: {name}= needs {n} registers for this fragment, got {len(t)}")
+    if len(regs_shape) != 2 or regs_shape[0] != 32:
+        raise ValueError(f"{spelling}: regs must have shape (32, nregs) (use jax.vmap for many warps), "
+                         f"got {tuple(regs_shape)}")
+    bad = [i for i in t if not 0 <= i < regs_shape[1]]
+    if bad:
+        raise ValueError(f"{spelling}: {name}= registers {bad} out of range 0..{regs_shape[1] - 1}")
+    if len(set(t)) != len(t):
+        raise ValueError(f"{spelling}: {name}= names a register twice: {t}")
+    return t
+
+
+def check_regs(spelling, regs):
+    if jnp.asarray(regs).dtype != jnp.uint32:
+        raise TypeError(f"{spelling}: regs must be uint32, got {jnp.asarray(regs).dtype}")
+
+
+def _check_mem(spelling, mem):
+    mem = jnp.asarray(mem)
+    if mem.ndim != 1 or mem.dtype != jnp.uint8:
+        raise ValueError(f"{spelling}: mem must be a 1-D uint8 array (use jax.vmap for many warps), "
+                         f"got {mem.dtype} {mem.shape}")
+    return mem
+
+
+class _Instruction:
+    def __init__(self, ins, arch: Arch):
+        self.ins = ins
+        self.arch = arch
+        self.spelling = ins.spelling
+
+    def __repr__(self):
+        return f"<tcemu {self.spelling} arch={self.arch}>"
+
+
+class _WmmaMemoryOp(_Instruction):
+    """Shared part of wmma.load and wmma.store: fragment, addresses, PTX alignment rules."""
+
+    def __init__(self, ins, arch):
+        super().__init__(ins, arch)
+        for t, need in ((ins.etype, S.MIN_SM_FOR_TYPE[ins.etype]), (ins.shape, S.MIN_SM_FOR_SHAPE.get(ins.shape, 70))):
+            if arch.sm < need:
+                raise ValueError(f"{ins.spelling!r}: .{t} wmma requires sm_{need} or newer, not {arch}")
+        self.fragment = wmma_fragment(arch, ins.shape, ins.matrix, ins.etype, ins.layout)
+        self.bits = ELEMENT_BITS[ins.etype]
+        self.default_stride = S.default_stride(ins.shape, ins.matrix, ins.layout)
+        # PTX: rows (.row) / columns (.col) start at a multiple of the fragment size. For f16
+        # m32n8k16 B.row and m8n32k16 A.col the (4x replicated) fragment is 32 bytes but the default
+        # stride is 16 bytes, so the rule is read as: a multiple of min(fragment, default row).
+        self.alignment = min(S.fragment_bytes(ins.shape, ins.matrix, ins.etype),
+                             self.default_stride * self.bits // 8)
+        self.nregs = self.fragment.nregs
+
+    def _check_address(self, mem, p, stride):
+        """Alignment (Matrix Storage for WMMA), stride >= default, and the memory's bounds."""
+        sp = self.spelling
+        fb = self.alignment
+        p_ = memmod.concrete_int(p)
+        if p_ is not None and p_ % fb:
+            raise ValueError(f"{sp}: p={p_} must be a multiple of {fb} bytes (row alignment of this fragment)")
+        s_ = memmod.concrete_int(stride)
+        if s_ is not None:
+            if s_ < self.default_stride:
+                raise ValueError(f"{sp}: stride={s_} is below the default {self.default_stride} (undefined in PTX)")
+            if (s_ * self.bits) % (8 * fb):
+                raise ValueError(f"{sp}: stride={s_} elements ({s_ * self.bits / 8:g} bytes) must be a "
+                                 f"multiple of {fb} bytes (row alignment of this fragment)")
+            rows, cols = self.fragment.rows, self.fragment.cols
+            memmod.check_range(mem, p, memmod.extent_bytes(rows, cols, self.bits, self.ins.layout, s_), sp)
+
+    def _offsets(self, stride):
+        r, c = self.fragment.coords[..., 0], self.fragment.coords[..., 1]
+        return memmod.element_offsets(jnp.asarray(r), jnp.asarray(c), self.ins.layout, stride)
+
+
+class WmmaLoad_(_WmmaMemoryOp):
+    """``f(regs, mem, *, dst, p, stride=None) -> regs``."""
+
+    def __init__(self, ins: WmmaLoad, arch):
+        super().__init__(ins, arch)
+        self._impl = jax.jit(self._load, static_argnames=("dst",))
+
+    def _load(self, regs, mem, p, stride, dst):
+        vals = memmod.read(mem, p, self._offsets(stride), self.bits)
+        frag = self.fragment
+        if frag.bits == 64:
+            words = jnp.stack(vals, -1).reshape(32, frag.nregs)
+        else:
+            per = frag.per_reg
+            v = vals.reshape(32, frag.nregs, per)
+            shifts = jnp.asarray(np.arange(per, dtype=np.uint32) * frag.bits)
+            words = jnp.sum(v << shifts, axis=-1, dtype=_U32)
+        return regs.at[:, list(dst)].set(words)
+
+    def __call__(self, regs, mem, *, dst, p, stride=None):
+        check_regs(self.spelling, regs)
+        mem = _check_mem(self.spelling, mem)
+        dst = register_indices(self.spelling, "dst", dst, self.nregs, jnp.shape(regs))
+        stride = self.default_stride if stride is None else stride
+        self._check_address(mem, p, stride)
+        return self._impl(regs, mem, p, stride, dst=dst)
+
+
+class WmmaStore_(_WmmaMemoryOp):
+    """``f(mem, regs, *, src, p, stride=None) -> mem``."""
+
+    def __init__(self, ins: WmmaStore, arch):
+        super().__init__(ins, arch)
+        self._impl = jax.jit(self._store, static_argnames=("src",))
+
+    def _store(self, mem, regs, p, stride, src):
+        words = regs[:, list(src)]
+        frag = self.fragment
+        if frag.bits == 64:
+            w = words.reshape(32, frag.nvalues, 2)
+            vals = (w[..., 0], w[..., 1])
+        else:
+            per = frag.per_reg
+            shifts = jnp.asarray(np.arange(per, dtype=np.uint32) * frag.bits)
+            v = words[:, :, None] >> shifts
+            vals = (v & _U32((1 << frag.bits) - 1) if frag.bits < 32 else v).reshape(32, frag.nvalues)
+        return memmod.write(mem, p, self._offsets(stride), vals, self.bits)
+
+    def __call__(self, mem, regs, *, src, p, stride=None):
+        check_regs(self.spelling, regs)
+        mem = _check_mem(self.spelling, mem)
+        src = register_indices(self.spelling, "src", src, self.nregs, jnp.shape(regs))
+        stride = self.default_stride if stride is None else stride
+        self._check_address(mem, p, stride)
+        return self._impl(mem, regs, p, stride, src=src)
+
+
+# ---------------------------------------------------------------------------------------------
+# register-level MMA (wmma.mma; mma.sync shares it through its own fragments)
+
+
+def _to_numeric(bits, etype):
+    """Element bits -> the encoding of ``numerics.mma.mma_bits`` for integer/f64 types."""
+    if etype == "f64":
+        lo, hi = bits
+        return lo.astype(jnp.uint64) | (hi.astype(jnp.uint64) << 32)
+    if etype in ("s8", "s4"):
+        w = ELEMENT_BITS[etype]
+        return (bits.astype(jnp.int32) << (32 - w)) >> (32 - w)
+    if etype in ("u8", "u4", "b1", "s32"):
+        return bits.astype(jnp.int32) if etype != "s32" else jax.lax.bitcast_convert_type(bits, jnp.int32)
+    return bits
+
+
+def _from_numeric(vals, etype):
+    if etype == "f64":
+        v = vals.astype(jnp.uint64)
+        return (v & 0xFFFFFFFF).astype(_U32), (v >> 32).astype(_U32)
+    if etype == "s32":
+        return jax.lax.bitcast_convert_type(vals.astype(jnp.int32), _U32)
+    return vals.astype(_U32)
+
+
+class MmaRegs(_Instruction):
+    """``f(regs, *, d, a, b, c, key=None) -> regs`` for an MMA with fragments ``fa``, ``fb``, ``fc``,
+    ``fd``; ``key`` is a PRNG key for models with stochastic rounding."""
+
+    def __init__(self, ins: Mma, arch, fragments, model=None):
+        super().__init__(ins, arch)
+        mma_numerics.check_arch(ins, arch)
+        self.fa, self.fb, self.fc, self.fd = fragments
+        if ins.family not in ("int", "b1", "f64"):
+            self.model = mma_numerics.resolve_model(ins, model, arch)
+        else:
+            self.model = None
+        self._impl = jax.jit(self._mma, static_argnames=("d", "a", "b", "c"))
+
+    def _mma(self, regs, key, d, a, b, c):
+        ins = self.ins
+        A = _to_numeric(fragment_to_matrix(regs[:, list(a)], self.fa), ins.atype)
+        B = _to_numeric(fragment_to_matrix(regs[:, list(b)], self.fb), ins.btype)
+        C = _to_numeric(fragment_to_matrix(regs[:, list(c)], self.fc), ins.ctype)
+        D = mma_numerics.mma_bits(ins, A, B, C, self.model, arch=self.arch, key=key)
+        return regs.at[:, list(d)].set(matrix_to_fragment(_from_numeric(D, ins.dtype), self.fd))
+
+    def __call__(self, regs, *, d, a, b, c, key=None):
+        check_regs(self.spelling, regs)
+        shape = jnp.shape(regs)
+        given = {"d": d, "a": a, "b": b, "c": c}
+        frags = {"d": self.fd, "a": self.fa, "b": self.fb, "c": self.fc}
+        args = {n: register_indices(self.spelling, n, given[n], frags[n].nregs, shape) for n in given}
+        if self.ins.family == "f64":
+            from tcemu._src.numerics.fma64 import require_x64
+
+            require_x64(f"{self.spelling!r}")
+        return self._impl(regs, key, **args)
+
+
+@functools.lru_cache(maxsize=None)
+def wmma_mma_fragments(arch: Arch, ins: Mma):
+    return (wmma_fragment(arch, ins.shape, "a", ins.atype, ins.alayout),
+            wmma_fragment(arch, ins.shape, "b", ins.btype, ins.blayout),
+            wmma_fragment(arch, ins.shape, "c", ins.ctype, "row"),
+            wmma_fragment(arch, ins.shape, "c", ins.dtype, "row"))

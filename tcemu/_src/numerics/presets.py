@@ -1,0 +1,121 @@
+"""Per-architecture numerics presets: which :class:`BlockFMA` each GPU uses for each instruction.
+
+Every parameter names its source:
+
+* [F21] Fasi, Higham, Mikaitis, Pranesh, "Numerical behavior of NVIDIA tensor cores", PeerJ CS
+  7:e330 (2021): V100/T4/A100 feature tests (truncation, no guard digits on V100, one extra bit on
+  T4/A100, RZ for fp32 output, RN for fp16 output, block of 4 (V100) / 8 (A100) products + c).
+* [KM25] Khattak & Mikaitis, "Accurate Models of NVIDIA Tensor Cores", arXiv 2512.07004, and their
+  MATLAB models (north-numerical-computing/MATLAB-tensor-core: ``V100TC.m``, ``A100TC.m``,
+  ``AdaTC.m``, ``H100TC.m``, ``B200TC.m``): fused block size ``fma`` and extra alignment bits
+  ``neab`` (fraction_bits = 23 + neab) per GPU and input format.
+* [MS25] Xie et al., "MMA-Sim", arXiv 2511.10909 (microsoft/MMA-Sim ``nv_ptx/sim.py``): F and
+  L_max per architecture; E8M13 (13-bit) accumulation of Ada and Hopper fp8; zero terms count with
+  exponent -126 when finding the alignment exponent.
+* [H200] tcemu's own captures on an H200 (``tests/data/*_sm90.npz``, ``experiments/hardware``).
+* [PV] the published validation vectors of [KM25] (``../shared/peer-vectors``), which every preset
+  reproduces bit for bit (``tests/test_peer_vectors.py``).
+
+Example::
+
+    >>> import tcemu
+    >>> tcemu.numerics("H100").f16.fraction_bits
+    25
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from tcemu._src.arch import Arch, resolve
+from tcemu._src.numerics.model import BlockFMA
+
+# mma.sync m16n8k32 fp8 on sm_90/sm_100 runs as two f16 HMMAs: the low byte pair of every 32-bit
+# operand register (k % 4 in {0, 1}) first, then the high pair; C is added last with one RNE add.
+FP8_AS_F16_PAIRS = tuple(k for k in range(32) if k % 4 < 2) + tuple(k for k in range(32) if k % 4 >= 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class ArchNumerics:
+    """The numerics of one architecture, per input family and instruction kind.
+
+    ``None`` means the architecture has no such MMA. ``fp8_mma`` is ``mma.sync`` with e4m3/e5m2
+    inputs, ``fp8_wgmma`` Hopper's ``wgmma``.
+    """
+
+    arch: str
+    f16: BlockFMA | None = None
+    bf16: BlockFMA | None = None
+    tf32: BlockFMA | None = None
+    fp8_mma: BlockFMA | None = None
+    fp8_wgmma: BlockFMA | None = None
+    wgmma_tf32: BlockFMA | None = None
+    notes: str = ""
+
+    def for_instruction(self, kind: str, family: str) -> BlockFMA | None:
+        if family == "fp8":
+            return self.fp8_wgmma if kind == "wgmma" else self.fp8_mma
+        if family == "tf32" and kind == "wgmma":
+            return self.wgmma_tf32
+        return getattr(self, family, None)
+
+
+def _volta() -> ArchNumerics:
+    return ArchNumerics(
+        "sm_70",
+        f16=BlockFMA(fraction_bits=23, block_size=4),  # [F21] no guard digits, 4 + c; [KM25] [MS25] [PV]
+        notes="fp16 only; 23 fraction bits kept, blocks of 4 products")
+
+
+def _turing() -> ArchNumerics:
+    return ArchNumerics(
+        "sm_75",
+        f16=BlockFMA(fraction_bits=24, block_size=8),  # [F21] one extra bit; [MS25] L=8
+        notes="fp16 only; from [MS25] (no published vectors for T4)")
+
+
+def _ampere(name) -> ArchNumerics:
+    m = BlockFMA(fraction_bits=24, block_size=8)  # [F21] [KM25] A100TC.m fma=8 neab=1; [MS25]; [PV]
+    return ArchNumerics(name, f16=m, bf16=m,
+                        tf32=BlockFMA(fraction_bits=24, block_size=4))  # [KM25] fma=4; [MS25]; [PV]
+
+
+def _ada() -> ArchNumerics:
+    a = _ampere("sm_89")
+    # [KM25] AdaTC.m/L40STC.m fp8: fma=16, neab=-10; [MS25] Ada fp8 F=13, RZ-E8M13 output; [PV]
+    fp8 = BlockFMA(fraction_bits=13, block_size=16, accumulator_fraction_bits=13)
+    return dataclasses.replace(a, fp8_mma=fp8)
+
+
+def _hopper() -> ArchNumerics:
+    m = BlockFMA(fraction_bits=25, block_size=16)  # [KM25] H100TC.m fma=16 neab=2; [MS25]; [PV]; [H200]
+    return ArchNumerics(
+        "sm_90", f16=m, bf16=m,
+        # [H200]: wmma m16n16k8 and mma.sync m16n8k8 tf32 fuse 4 products per block on the H200
+        # ([MS25] and the latest [KM25] H100TC.m say 8; [PV] tf32 vectors have k=4 and cannot tell).
+        tf32=BlockFMA(fraction_bits=25, block_size=4),
+        wgmma_tf32=BlockFMA(fraction_bits=25, block_size=8),  # [MS25] wgmma k8 tf32 (unmeasured here)
+        # [H200] mma.sync m16n8k32 e4m3/e5m2 compiles to two f16 HMMAs (no fp8 MMA on sm_90):
+        fp8_mma=m.replace(block_order=FP8_AS_F16_PAIRS, addend="last"),
+        # [MS25] wgmma fp8: F=13, L=32, RZ-E8M13; [KM25] latest H100TC.m fma=32 neab=-10; [PV]
+        fp8_wgmma=BlockFMA(fraction_bits=13, block_size=32, accumulator_fraction_bits=13))
+
+
+def _blackwell() -> ArchNumerics:
+    m = BlockFMA(fraction_bits=25, block_size=16)  # [KM25] B200TC.m; [MS25]; [PV]
+    return ArchNumerics(
+        "sm_100", f16=m, bf16=m,
+        tf32=BlockFMA(fraction_bits=25, block_size=8),  # [MS25]; [KM25] latest B200TC.m fma=8
+        # [PV] B200 e4m3/e5m2 (mma.sync m16n8k32): two interleaved f16 HMMAs, then RNE add of C
+        fp8_mma=m.replace(block_order=FP8_AS_F16_PAIRS, addend="last"))
+
+
+PRESETS: dict[str, ArchNumerics] = {
+    "sm_70": _volta(), "sm_75": _turing(), "sm_80": _ampere("sm_80"), "sm_86": _ampere("sm_86"),
+    "sm_89": _ada(), "sm_90": _hopper(), "sm_100": _blackwell(),
+}
+
+
+def numerics(arch) -> ArchNumerics:
+    """The :class:`ArchNumerics` preset of an architecture ("sm_90", "H100", ...)."""
+    a: Arch = resolve(arch)
+    return PRESETS[a.name]

@@ -1,0 +1,126 @@
+"""Normalise and round a wide integer to a floating-point format, in 32-bit integer arithmetic.
+
+A magnitude ``M`` is held as two uint32 words, ``M = hi * 2**16 + lo`` with ``lo < 2**16``
+(``hi < 2**31``), so sums of up to ~2**46 fit without 64-bit integers. :func:`round_pack` turns
+``(-1)**sign * M * 2**q`` into the bit pattern of a :class:`~tcemu._src.formats.FloatFormat`.
+
+Rounding modes: ``"rz"`` (toward zero), ``"rne"`` (nearest, ties to even), ``"rna"`` (nearest,
+ties away), ``"ru"`` (toward +inf), ``"rd"`` (toward -inf), ``"stochastic"`` (up with probability
+equal to the discarded fraction, from 31 random bits per value).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from tcemu._src.formats import FloatFormat
+
+ROUNDING_MODES = ("rz", "rne", "rna", "ru", "rd", "stochastic")
+_U = jnp.uint32
+
+
+def shl(x, n):
+    """``x << n`` for uint32 ``x`` and int32 ``n >= 0``; 0 when ``n >= 32``."""
+    n = jnp.asarray(n)
+    return jnp.where(n >= 32, _U(0), x << jnp.clip(n, 0, 31).astype(_U))
+
+
+def shr(x, n):
+    """Logical ``x >> n`` for uint32 ``x`` and int32 ``n >= 0``; 0 when ``n >= 32``."""
+    n = jnp.asarray(n)
+    return jnp.where(n >= 32, _U(0), x >> jnp.clip(n, 0, 31).astype(_U))
+
+
+def window(hi, lo, s, nbits: int):
+    """Bits ``[s, s + nbits)`` of ``M = hi * 2**16 + lo`` (``s`` may be negative: zero fill)."""
+    upper = shr(hi, s - 16)
+    low_part = jnp.where(s >= 0, shr(lo, s), shl(lo, -s))
+    lower = shl(hi, 16 - s) | low_part
+    return jnp.where(s >= 16, upper, lower) & _U((1 << nbits) - 1)
+
+
+def low_bits_nonzero(hi, lo, n):
+    """Whether ``M mod 2**n`` is nonzero (``n <= 0`` gives False)."""
+    lo_mask = shl(_U(1), jnp.clip(n, 0, 16)) - _U(1)
+    hi_mask = shl(_U(1), jnp.clip(n - 16, 0, 31)) - _U(1)
+    return ((lo & lo_mask) != 0) | ((hi & hi_mask) != 0)
+
+
+def leading_bit(hi, lo):
+    """Index of the most significant set bit of M (-1 for M == 0)."""
+    hz = jax.lax.clz(hi).astype(jnp.int32)
+    lz = jax.lax.clz(lo).astype(jnp.int32)
+    return jnp.where(hi != 0, 47 - hz, 31 - lz)
+
+
+def split_signed(total_hi, total_lo):
+    """Normalise a signed two-word sum ``S = total_hi * 2**16 + total_lo`` (int32 words, any
+    range) into ``(sign, hi, lo)`` with the magnitude in the :func:`round_pack` representation."""
+    hi = total_hi + (total_lo >> 16)
+    lo = total_lo & 0xFFFF
+    neg = hi < 0
+    nlo = (-lo) & 0xFFFF
+    nhi = -hi - (lo != 0).astype(jnp.int32)
+    return (neg.astype(jnp.int32), jnp.where(neg, nhi, hi).astype(_U), jnp.where(neg, nlo, lo).astype(_U))
+
+
+def round_pack(sign, hi, lo, q, fmt: FloatFormat, mode: str, *, overflow: str = "inf",
+               subnormals: bool = True, rand=None):
+    """Bits of ``fmt`` nearest (per ``mode``) to ``(-1)**sign * (hi * 2**16 + lo) * 2**q``.
+
+    ``overflow="inf"`` returns infinity whenever the rounded exponent exceeds the format's range
+    (what NVIDIA tensor cores do even when rounding toward zero); ``"ieee"`` follows IEEE 754
+    (RZ/RD/RU saturate to the largest finite value in the directions they round toward zero).
+    A zero magnitude gives a zero with the given sign.
+    """
+    if mode not in ROUNDING_MODES:
+        raise ValueError(f"unknown rounding mode {mode!r}; valid: {ROUNDING_MODES}")
+    p = fmt.fraction_bits
+    pos = leading_bit(hi, lo)
+    x = jnp.maximum(q + pos, fmt.emin)
+    sh = x - p - q
+    n = window(hi, lo, sh, p + 2)
+    rbit = jnp.where(sh >= 1, window(hi, lo, sh - 1, 1), _U(0))
+    sticky = low_bits_nonzero(hi, lo, sh - 1)
+    inexact = (rbit != 0) | sticky
+    neg = sign != 0
+    if mode == "rz":
+        inc = jnp.zeros_like(inexact)
+    elif mode == "rne":
+        inc = (rbit != 0) & (sticky | ((n & 1) != 0))
+    elif mode == "rna":
+        inc = rbit != 0
+    elif mode == "ru":
+        inc = inexact & ~neg
+    elif mode == "rd":
+        inc = inexact & neg
+    else:
+        if rand is None:
+            raise ValueError("stochastic rounding needs random bits (pass a PRNG key)")
+        frac = window(hi, lo, sh - 31, 31)
+        inc = (rand >> 1) < frac
+    n = n + inc.astype(_U)
+    carry = (n >> (p + 1)) != 0
+    n = jnp.where(carry, n >> 1, n)
+    x = x + carry.astype(jnp.int32)
+    normal = (n >> p) != 0
+    biased = jnp.where(normal, x + fmt.bias, 0).astype(_U)
+    frac_field = n & _U((1 << p) - 1)
+    if not subnormals:
+        frac_field = jnp.where(normal, frac_field, _U(0))
+    sbit = jnp.where(neg, _U(fmt.sign_bit >> fmt.shift), _U(0))
+    body = sbit | (biased << p) | frac_field
+    too_big = (x > fmt.emax) & ((hi | lo) != 0)
+    if overflow == "inf":
+        big = (sbit | _U(((1 << fmt.exponent_bits) - 1) << p)) if fmt.has_inf else sbit | _U(
+            (fmt.canonical_nan >> fmt.shift))
+    elif overflow == "ieee":
+        to_inf = {"rz": jnp.zeros_like(neg), "rne": jnp.ones_like(neg), "rna": jnp.ones_like(neg),
+                  "ru": ~neg, "rd": neg, "stochastic": jnp.ones_like(neg)}[mode]
+        inf = sbit | _U(((1 << fmt.exponent_bits) - 1) << p)
+        maxf = sbit | _U((((fmt.emax + fmt.bias) << p) | fmt.max_fraction))
+        big = jnp.where(to_inf, inf, maxf)
+    else:
+        raise ValueError(f"overflow must be 'inf' or 'ieee', got {overflow!r}")
+    body = jnp.where(too_big, big, body)
+    return body << fmt.shift
