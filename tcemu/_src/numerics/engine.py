@@ -29,14 +29,9 @@ from tcemu._src import formats as fm
 from tcemu._src.numerics.model import BlockFMA
 from tcemu._src.numerics.rounding import round_pack, shr, split_signed
 
-_NO_EXPONENT = -(1 << 20)
-
-
 class _Terms(NamedTuple):
-    """Addends of one fused block, (..., M, N, L): value = (-1)**neg * sig * 2**(exp - frac)."""
+    """Addends of one fused block, (..., M, N, L), for the special-value and signed-zero paths."""
 
-    sig: jnp.ndarray  # int32, already scaled by 2**pre where pre > 0
-    exp: jnp.ndarray
     neg: jnp.ndarray
     nan: jnp.ndarray
     inf: jnp.ndarray
@@ -52,65 +47,149 @@ def accumulator_format(model: BlockFMA, acc: str) -> fm.FloatFormat:
     return fm.FloatFormat(f"e8m{afb}", 8, afb, 32, shift=23 - afb)
 
 
-def _product_terms(a: fm.Decoded, b: fm.Decoded, pre: int) -> _Terms:
-    """Exact products of every (i, k) with every (k, j)."""
-    ma = a.sig << pre if pre > 0 else a.sig
-    bt = lambda x: jnp.swapaxes(x, -1, -2)[..., None, :, :]  # noqa: E731  (..., 1, N, L)
-    at = lambda x: x[..., :, None, :]  # noqa: E731                         (..., M, 1, L)
+# Sentinel exponents of zero and of NaN/inf operands. A product exponent below _ZERO_BELOW marks a
+# zero term; one above _SPECIAL_ABOVE a term with a NaN or infinity (inf * 0 included), which
+# makes the block's alignment exponent flag the output for the special-value path for free.
+_BIG = 1 << 20
+_ZERO_BELOW, _SPECIAL_ABOVE = -_BIG // 8, _BIG // 2
+
+
+def _prepare(d: fm.Decoded, scale: int):
+    """Per element, once: the signed significand times 2**scale, and the exponent (sentinels for
+    zero: -_BIG/4, NaN/inf: +_BIG)."""
+    sig = d.sig << scale if scale > 0 else d.sig
+    exp = jnp.where(d.sig == 0, -_BIG // 4, d.exp)
+    return jnp.where(d.sign != 0, -sig, sig), jnp.where(d.is_nan | d.is_inf, _BIG, exp)
+
+
+# Formats whose products are exact float32 numbers far from the float32 range limits.
+_FLOAT_SAFE = ("f16", "e4m3", "e5m2")
+
+
+def _as_f32(bits, fmt: fm.FloatFormat, flush: bool):
+    """Exact float32 values of fp16/fp8 bit patterns (NaN/inf stay NaN/inf)."""
+    x = fm.from_bits(bits, fmt.name).astype(jnp.float32)
+    if flush:
+        efield = (bits >> fmt.fraction_bits) & ((1 << fmt.exponent_bits) - 1)
+        x = jnp.where(efield == 0, jnp.float32(0), x)
+    return x
+
+
+def _at(x):  # (..., M, K) -> (..., M, 1, K)
+    return x[..., :, None, :]
+
+
+def _bt(x):  # (..., K, N) -> (..., 1, N, K)
+    return jnp.swapaxes(x, -1, -2)[..., None, :, :]
+
+
+def _product_flags(a: fm.Decoded, b: fm.Decoded) -> _Terms:
+    """Signs and NaN/inf flags of every product (the slow path; specials are rare)."""
     a_zero, b_zero = a.sig == 0, b.sig == 0
-    nan = at(a.is_nan) | bt(b.is_nan) | (at(a.is_inf) & bt(b_zero)) | (at(a_zero) & bt(b.is_inf))
-    return _Terms(at(ma) * bt(b.sig), at(a.exp) + bt(b.exp), at(a.sign) ^ bt(b.sign), nan,
-                  (at(a.is_inf) | bt(b.is_inf)) & ~nan)
+    nan = _at(a.is_nan) | _bt(b.is_nan) | (_at(a.is_inf) & _bt(b_zero)) | (_at(a_zero) & _bt(b.is_inf))
+    return _Terms(_at(a.sign) ^ _bt(b.sign), nan, (_at(a.is_inf) | _bt(b.is_inf)) & ~nan)
 
 
-def _lost(x, n):
-    """1 where ``x >> n`` dropped nonzero bits (the sticky bit), else 0."""
-    mask = jnp.where(n >= 32, jnp.uint32(0xFFFFFFFF),
-                     (jnp.uint32(1) << jnp.clip(n, 0, 31).astype(jnp.uint32)) - jnp.uint32(1))
-    return ((x & mask) != 0).astype(jnp.uint32)
+def _group_sums(t, F: int):
+    """Sum int32 terms (|t| < 2**(F+2)) over the last axis in groups small enough not to overflow
+    int32; returns (..., G) partial sums."""
+    L = t.shape[-1]
+    g = max(1, min(L, 1 << (29 - F)))
+    if L % g:
+        t = jnp.concatenate([t, jnp.zeros(t.shape[:-1] + (g - L % g,), t.dtype)], -1)
+    return jnp.sum(t.reshape(t.shape[:-1] + (t.shape[-1] // g, g)), -1)
 
 
-def _align(sig, shift, sticky: bool):
-    u = sig.astype(jnp.uint32)
-    t = shr(u, shift)
-    if sticky:
-        t = t | _lost(u, shift)
-    return t.astype(jnp.int32)
-
-
-def _fused(terms: _Terms, tfrac: int, c: fm.Decoded, cfrac: int, model: BlockFMA, *,
-           fraction_bits: int, sticky: bool, out: fm.FloatFormat, mode: str, rand):
-    """Align ``terms`` and ``c`` to the largest exponent, truncate, sum exactly, round to ``out``."""
-    F = fraction_bits
-    pre = F - tfrac  # terms' significands were multiplied by 2**max(pre, 0) already
-    ze = _NO_EXPONENT if model.zero_exponent is None else model.zero_exponent
-    exp_for_max = terms.exp
-    if model.normalize_products:
-        top = F + 1 if pre >= 0 else tfrac + 1
-        exp_for_max = exp_for_max + ((terms.sig >> top) != 0).astype(jnp.int32)
-    exp_for_max = jnp.where(terms.sig == 0, ze, exp_for_max)
-    E = jnp.maximum(jnp.max(exp_for_max, axis=-1), jnp.where(c.sig == 0, ze, c.exp))
-    if model.min_exponent is not None:
-        E = jnp.maximum(E, model.min_exponent)
-    t = _align(terms.sig, jnp.maximum(E[..., None] - terms.exp + max(-pre, 0), 0), sticky)
-    t = jnp.where(terms.neg != 0, -t, t)
-    csig = c.sig << (F - cfrac) if F >= cfrac else c.sig
-    tc = _align(csig, jnp.maximum(E - c.exp + max(cfrac - F, 0), 0), sticky)
-    tc = jnp.where(c.sign != 0, -tc, tc)
-    hi = jnp.sum(t >> 16, axis=-1) + (tc >> 16)
-    lo = jnp.sum(t & 0xFFFF, axis=-1) + (tc & 0xFFFF)
-    sign, mhi, mlo = split_signed(hi, lo)
-    # An exact zero is -0 only when every addend is negative (IEEE sum of signed zeros).
-    all_neg = jnp.all(terms.neg != 0, axis=-1) & (c.sign != 0)
-    sign = jnp.where((mhi | mlo) == 0, all_neg.astype(jnp.int32), sign)
-    bits = round_pack(sign, mhi, mlo, E - F, out, mode, overflow=model.overflow,
-                      subnormals=model.subnormal_outputs, rand=rand)
-    # IEEE special values: NaN if any NaN, inf*0 or inf-inf; otherwise an infinity wins.
+def _specials(terms: _Terms, c: fm.Decoded):
+    """(is_nan, pos_inf, neg_inf) per output: NaN if any NaN, inf*0 or inf-inf."""
     pos_inf = jnp.any(terms.inf & (terms.neg == 0), axis=-1) | (c.is_inf & (c.sign == 0))
     neg_inf = jnp.any(terms.inf & (terms.neg != 0), axis=-1) | (c.is_inf & (c.sign != 0))
     is_nan = jnp.any(terms.nan, axis=-1) | c.is_nan | (pos_inf & neg_inf)
-    bits = jnp.where(pos_inf | neg_inf, out.inf_bits(neg_inf), bits)
-    return jnp.where(is_nan, jnp.uint32(out.canonical_nan), bits)
+    return is_nan, pos_inf, neg_inf
+
+
+def _int_align(tsig, texp, rs: int, sticky: bool, normalize: int | None):
+    """Alignment in integers: ``tsig`` (..., M, N, L) signed significands with ``F + rs`` fraction
+    bits and exponents ``texp``. Returns (exponents for the max, align(E) -> int32 terms)."""
+    mag = jnp.abs(tsig)
+    exp_for_max = texp
+    if normalize is not None:  # products >= 2 count one exponent higher
+        exp_for_max = texp + ((mag >> normalize) != 0).astype(jnp.int32)
+
+    def align(E):
+        # shifts of 32 or more give 0 for a non-negative operand (XLA semantics): no clamp
+        shift = E[..., None] - texp + rs
+        t = mag >> shift
+        if sticky:
+            lost = mag.astype(jnp.uint32) & ((jnp.uint32(1) << shift.astype(jnp.uint32)) - jnp.uint32(1))
+            t = t | (lost != 0).astype(jnp.int32)
+        neg = tsig >> 31  # -1 for negative terms: (t ^ -1) + 1 == -t
+        return (t ^ neg) - neg
+
+    return exp_for_max, align
+
+
+def _float_align(prod, texp, F: int):
+    """Alignment with exact float32 arithmetic, for products that are exact float32 numbers of
+    small magnitude (fp16 and fp8 inputs): ``trunc(p * 2**(F - E))`` — the product, the scaling by
+    a power of two and the truncating conversion are all exact, so no rounding (and no
+    re-association) can change a bit; results below 1 truncate to 0 whatever their precision."""
+
+    def align(E):
+        scale = jax.lax.bitcast_convert_type(((F - E + 127) << 23).astype(jnp.int32), jnp.float32)
+        return (prod * scale[..., None]).astype(jnp.int32)
+
+    return texp, align
+
+
+def _fused(exp_for_max, align, make_flags, make_c, cfrac: int, model: BlockFMA, *,
+           fraction_bits: int, sticky: bool, out: fm.FloatFormat, mode: str, rand, min_exp: int):
+    """One fused block: align every term and the addend to the largest exponent, truncate toward
+    zero ``fraction_bits`` below it, sum exactly, normalise and round once into ``out``.
+
+    ``exp_for_max`` (..., M, N, L): term exponents with the sentinels of :func:`_prepare`;
+    ``align(E)``: the terms truncated at ``2**(E - fraction_bits)`` as int32 integers. ``min_exp``:
+    the smallest exponent a nonzero term can have (when it is above ``zero_exponent`` the
+    zero-term policy cannot change the result and is skipped). ``make_flags()`` / ``make_c()``
+    decode the term flags and the addend from raw bits; the flags only run inside a rarely taken
+    branch (some output has a NaN/inf operand, or is an exact zero), so XLA never materialises
+    large arrays for them.
+    """
+    c = make_c()
+    F = fraction_bits
+    if model.zero_exponent is not None and min_exp < model.zero_exponent:
+        exp_for_max = jnp.where(exp_for_max < _ZERO_BELOW, model.zero_exponent, exp_for_max)
+    c_exp = jnp.where(c.sig == 0, -_BIG if model.zero_exponent is None else model.zero_exponent, c.exp)
+    E = jnp.maximum(jnp.max(exp_for_max, axis=-1), c_exp)
+    if model.min_exponent is not None:
+        E = jnp.maximum(E, model.min_exponent)
+    parts = _group_sums(align(E), F)
+    csig = c.sig << (F - cfrac) if F >= cfrac else c.sig
+    cshift = jnp.minimum(E - c.exp + max(cfrac - F, 0), 31)
+    tc = csig >> cshift
+    if sticky:
+        tc = tc | ((csig & ((1 << cshift) - 1)) != 0).astype(jnp.int32)
+    tc = jnp.where(c.sign != 0, -tc, tc)
+    hi = jnp.sum(parts >> 16, axis=-1) + (tc >> 16)
+    lo = jnp.sum(parts & 0xFFFF, axis=-1) + (tc & 0xFFFF)
+    sign, mhi, mlo = split_signed(hi, lo)
+    bits = round_pack(sign, mhi, mlo, E - F, out, mode, overflow=model.overflow,
+                      subnormals=model.subnormal_outputs, rand=rand)
+    # One reduction tells whether any output needs the slow path: an exact zero (its sign is -
+    # only when every addend is negative, as in an IEEE sum of signed zeros) or a NaN/inf operand
+    # (the alignment exponent carries the sentinel). Only then are term flags computed.
+    exact_zero = (mhi | mlo) == 0
+    special = (E > _SPECIAL_ABOVE) | c.is_nan | c.is_inf
+
+    def slow(bits):
+        flags = make_flags()
+        all_neg = jnp.all(flags.neg != 0, axis=-1) & (c.sign != 0)
+        bits = jnp.where(exact_zero & all_neg, bits | jnp.uint32(out.sign_bit), bits)
+        is_nan, pos_inf, neg_inf = _specials(flags, c)
+        bits = jnp.where(pos_inf | neg_inf, out.inf_bits(neg_inf), bits)
+        return jnp.where(is_nan, jnp.uint32(out.canonical_nan), bits)
+
+    return jax.lax.cond(jnp.any(exact_zero | special), slow, lambda bits: bits, bits)
 
 
 def convert(bits, src: fm.FloatFormat, dst: fm.FloatFormat, mode: str = "rne", *,
@@ -146,13 +225,12 @@ def fused_dot(a_bits, afmt: fm.FloatFormat, b_bits, bfmt: fm.FloatFormat, c_bits
         a_bits = convert(a_bits, fm.F32, fm.TF32, "rna")
     if bfmt is fm.TF32 and model.tf32_conversion == "rna":
         b_bits = convert(b_bits, fm.F32, fm.TF32, "rna")
-    a = fm.decode(a_bits, afmt, flush_subnormals=flush)
-    b = fm.decode(b_bits, bfmt, flush_subnormals=flush)
-    K = a.sig.shape[-1]
+    a_bits = jnp.asarray(a_bits).astype(jnp.uint32)
+    b_bits = jnp.asarray(b_bits).astype(jnp.uint32)
+    K = a_bits.shape[-1]
     perm = _order(K, model)
     if perm is not None:
-        a = fm.Decoded(*(x[..., perm] for x in a))
-        b = fm.Decoded(*(x[..., perm, :] for x in b))
+        a_bits, b_bits = a_bits[..., perm], b_bits[..., perm, :]
     out = accumulator_format(model, acc)
     acc_fmt = fm.F16 if acc == "f16" else fm.F32
     mode = model.f16_rounding if acc == "f16" else model.rounding
@@ -171,22 +249,41 @@ def fused_dot(a_bits, afmt: fm.FloatFormat, b_bits, bfmt: fm.FloatFormat, c_bits
             raise ValueError("stochastic rounding needs a PRNG key: pass key=jax.random.key(...)")
         return jax.random.bits(jax.random.fold_in(key, i), c_bits.shape, jnp.uint32)
 
+    da = fm.decode(a_bits, afmt, flush_subnormals=flush)
+    db = fm.decode(b_bits, bfmt, flush_subnormals=flush)
+    sa, ea = _prepare(da, max(pre, 0))
+    sb, eb = _prepare(db, 0)
+    use_float = (afmt.name in _FLOAT_SAFE and bfmt.name in _FLOAT_SAFE and not model.sticky
+                 and not model.normalize_products)
+    if use_float:  # exact float32 values of the operands (XLA's conversions are exact here)
+        fa = _as_f32(a_bits, afmt, flush)
+        fb = _as_f32(b_bits, bfmt, flush)
     L = model.block_size
     for blk, k0 in enumerate(range(0, K, L)):
-        sl = slice(k0, min(k0 + L, K))
-        terms = _product_terms(fm.Decoded(*(x[..., sl] for x in a)),
-                               fm.Decoded(*(x[..., sl, :] for x in b)), pre)
-        c = fm.decode(d, read_fmt, flush_subnormals=flush)
-        d = _fused(terms, afmt.fraction_bits + bfmt.fraction_bits, c, read_fmt.fraction_bits, model,
-                   fraction_bits=F, sticky=model.sticky, out=out, mode=mode, rand=rand_for(blk))
+        sl = slice(k0, k0 + L)
+        ab, bb = a_bits[..., sl], b_bits[..., sl, :]
+        flags = lambda ab=ab, bb=bb: _product_flags(fm.decode(ab, afmt), fm.decode(bb, bfmt))  # noqa: E731
+        c = lambda d=d, f=read_fmt: fm.decode(d, f, flush_subnormals=flush)  # noqa: E731
+        texp = _at(ea[..., sl]) + _bt(eb[..., sl, :])
+        if use_float:
+            emax, align = _float_align(_at(fa[..., sl]) * _bt(fb[..., sl, :]), texp, F)
+        else:
+            emax, align = _int_align(_at(sa[..., sl]) * _bt(sb[..., sl, :]), texp, max(-pre, 0), model.sticky,
+                                     F + max(-pre, 0) + 1 if model.normalize_products else None)
+        d = _fused(emax, align, flags, c, read_fmt.fraction_bits, model, fraction_bits=F, sticky=model.sticky,
+                   out=out, mode=mode, rand=rand_for(blk), min_exp=afmt.emin + bfmt.emin)
         read_fmt = acc_fmt
     if model.addend == "last":
         # one correctly rounded addition: 3 guard bits + sticky make a 2-term sum exact-rounded
         x = fm.decode(d, acc_fmt)
-        pre_x = 26 - acc_fmt.fraction_bits
-        xt = _Terms(x.sig[..., None] << pre_x, x.exp[..., None], x.sign[..., None], x.is_nan[..., None],
-                    x.is_inf[..., None])
-        c = fm.decode(c_bits, cfmt, flush_subnormals=flush)
-        d = _fused(xt, acc_fmt.fraction_bits, c, cfmt.fraction_bits, model, fraction_bits=26,
-                   sticky=True, out=out, mode=model.addend_rounding, rand=rand_for(-1))
+        xs, xe = _prepare(x, 26 - acc_fmt.fraction_bits)
+
+        def xflags(d=d):
+            x = fm.decode(d, acc_fmt)
+            return _Terms(x.sign[..., None], x.is_nan[..., None], x.is_inf[..., None])
+
+        emax, align = _int_align(xs[..., None], xe[..., None], 0, True, None)
+        d = _fused(emax, align, xflags, lambda: fm.decode(c_bits, cfmt, flush_subnormals=flush),
+                   cfmt.fraction_bits, model, fraction_bits=26, sticky=True, out=out,
+                   mode=model.addend_rounding, rand=rand_for(-1), min_exp=acc_fmt.emin)
     return d
