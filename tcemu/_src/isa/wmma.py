@@ -272,7 +272,12 @@ class MmaRegs(_Instruction):
         A = _to_numeric(fragment_to_matrix(regs[:, list(a)], self.fa), ins.atype)
         B = _to_numeric(fragment_to_matrix(regs[:, list(b)], self.fb), ins.btype)
         C = _to_numeric(fragment_to_matrix(regs[:, list(c)], self.fc), ins.ctype)
+        if self.fa.rows == 4 * ins.m:  # m8n8k4 .f16: four independent quad-pair MMAs, stacked
+            A = A.reshape(4, ins.m, ins.k)
+            B = jnp.moveaxis(B.reshape(ins.k, 4, ins.n), 1, 0)
+            C = C.reshape(4, ins.m, ins.n)
         D = mma_numerics.mma_bits(ins, A, B, C, self.model, arch=self.arch, key=key)
+        D = D.reshape(self.fd.rows, self.fd.cols)
         return regs.at[:, list(d)].set(matrix_to_fragment(_from_numeric(D, ins.dtype), self.fd))
 
     def __call__(self, regs, *, d, a, b, c, key=None):
@@ -286,6 +291,35 @@ class MmaRegs(_Instruction):
 
             require_x64(f"{self.spelling!r}")
         return self._impl(regs, key, **args)
+
+
+@functools.lru_cache(maxsize=None)
+def mma_sync_fragments(ins: Mma):
+    """PTX-specified mma.sync fragments (A, B, C, D) of ``ins``."""
+    from tcemu._src.layouts.mma import MMA, QUAD_PAIR
+
+    bits = ELEMENT_BITS
+    if ins.shape == "m8n8k4" and ins.atype == "f16":
+        mk = lambda key, rows, cols, b, nregs: Fragment(rows, cols, b, nregs, *QUAD_PAIR[key],  # noqa: E731
+                                                        "PTX ISA mma.m8n8k4 .f16 (4 quad-pair MMAs)")
+        return (mk(("a", ins.alayout), 32, 4, 16, 2), mk(("b", ins.blayout), 4, 32, 16, 2),
+                mk(("c", ins.ctype), 32, 8, bits[ins.ctype], 4 if ins.ctype == "f16" else 8),
+                mk(("c", ins.dtype), 32, 8, bits[ins.dtype], 4 if ins.dtype == "f16" else 8))
+    cshape = f"m{ins.m}n{ins.n}"
+    out = []
+    for mat, et, key in (("a", ins.atype, (ins.shape, "a", bits[ins.atype])),
+                         ("b", ins.btype, (ins.shape, "b", bits[ins.btype])),
+                         ("c", ins.ctype, (cshape, "c", bits[ins.ctype])),
+                         ("c", ins.dtype, (cshape, "c", bits[ins.dtype]))):
+        if key not in MMA:
+            raise NotImplementedError(f"{ins.spelling!r}: no register-level layout for {key} yet "
+                                      "(mma.sync .m8n8k4 .f16 and f64 .m16n8kK are value level only)")
+        lb, vb = MMA[key]
+        rows, cols = {"a": (ins.m, ins.k), "b": (ins.k, ins.n), "c": (ins.m, ins.n)}[mat]
+        nvals = 1 << len(vb)
+        nregs = nvals * bits[et] // 32 if bits[et] <= 32 else 2 * nvals
+        out.append(Fragment(rows, cols, bits[et], nregs, lb, vb, "PTX ISA mma.sync fragments"))
+    return tuple(out)
 
 
 @functools.lru_cache(maxsize=None)

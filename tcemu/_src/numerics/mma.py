@@ -51,7 +51,7 @@ def resolve_model(ins: Mma, model, arch) -> BlockFMA:
     if isinstance(model, BlockFMA):
         return model
     nums = model if isinstance(model, ArchNumerics) else numerics(arch)
-    m = nums.for_instruction(ins.kind, ins.family)
+    m = nums.for_instruction(ins)
     if m is None:
         raise ValueError(f"{ins.spelling!r}: no {ins.family} {ins.kind} numerics for {nums.arch}; "
                          "pass model=tcemu.BlockFMA(...) to use your own")
@@ -70,7 +70,7 @@ def mma_bits(ins: Mma, a, b, c, model, *, arch="sm_90", key=None):
     m = resolve_model(ins, model, arch)
     fa, fb = fm.FORMATS[ins.atype], fm.FORMATS[ins.btype]
     c = jnp.asarray(c).astype(jnp.uint32)
-    if ins.ctype == ins.dtype:
+    if ins.ctype == ins.dtype and not (ins.dtype == "f16" and m.f16_accumulation == "f32"):
         acc, cfmt = ins.dtype, fm.FORMATS[ins.ctype]
     elif ins.ctype == "f16":  # .f32.f16: C is widened to f32 exactly, f32 accumulation
         c, acc, cfmt = engine.convert(c, fm.F16, fm.F32), "f32", fm.F32

@@ -53,6 +53,9 @@ class BlockFMA:
         lowering of fp8 ``mma.sync`` to two f16 HMMAs uses k % 4 in {0, 1} first.
       addend: "first" (C enters the first block) or "last" (the blocks start from +0 and C is
         added afterwards by one separate addition rounded with ``addend_rounding``).
+      f16_accumulation: for binary16 C/D, "native" rounds every block into binary16
+        (``f16_rounding``); "f32" widens C exactly, accumulates in binary32 and converts the
+        result once with cvt.rn.f16.f32 (what emulated instructions compiled to FFMA do).
     """
 
     fraction_bits: int = 25
@@ -71,6 +74,7 @@ class BlockFMA:
     block_order: tuple[int, ...] | None = None
     addend: str = "first"
     addend_rounding: str = "rne"
+    f16_accumulation: str = "native"
 
     def __post_init__(self):
         if not 1 <= self.fraction_bits <= MAX_FRACTION_BITS:
@@ -90,6 +94,8 @@ class BlockFMA:
             raise ValueError(f"addend must be 'first' or 'last', got {self.addend!r}")
         if self.addend_rounding not in ROUNDING_MODES:
             raise ValueError(f"addend_rounding must be one of {ROUNDING_MODES}")
+        if self.f16_accumulation not in ("native", "f32"):
+            raise ValueError(f"f16_accumulation must be 'native' or 'f32', got {self.f16_accumulation!r}")
         if self.tf32_conversion not in ("truncate", "rna"):
             raise ValueError(f"tf32_conversion must be 'truncate' or 'rna', got {self.tf32_conversion!r}")
 

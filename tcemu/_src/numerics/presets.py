@@ -49,21 +49,33 @@ class ArchNumerics:
     fp8_mma: BlockFMA | None = None
     fp8_wgmma: BlockFMA | None = None
     wgmma_tf32: BlockFMA | None = None
+    wmma_tf32: BlockFMA | None = None
+    mma_m8n8k4_f16: BlockFMA | None = None
     notes: str = ""
 
-    def for_instruction(self, kind: str, family: str) -> BlockFMA | None:
+    def for_instruction(self, ins) -> BlockFMA | None:
+        """The model of a parsed MMA instruction (``tcemu._src.isa.parse.Mma``)."""
+        kind, family = ins.kind, ins.family
         if family == "fp8":
             return self.fp8_wgmma if kind == "wgmma" else self.fp8_mma
-        if family == "tf32" and kind == "wgmma":
-            return self.wgmma_tf32
+        if family == "tf32":
+            return {"wgmma": self.wgmma_tf32, "wmma": self.wmma_tf32 or self.tf32}.get(kind, self.tf32)
+        if kind == "mma" and ins.shape == "m8n8k4" and family == "f16":
+            return self.mma_m8n8k4_f16
         return getattr(self, family, None)
 
 
+# Turing and later run mma.sync.m8n8k4 .f16 (Volta's HMMA.884) as compiled FFMA code: [H200] a
+# sequential binary32 FMA chain over k = 0..3 from +0, then C (widened) added with one RNE add
+# and, for .f16 D, one cvt.rn.f16.f32.
+FFMA_M8N8K4 = BlockFMA(fraction_bits=26, block_size=1, rounding="rne", sticky=True, addend="last",
+                       f16_accumulation="f32")
+
+
 def _volta() -> ArchNumerics:
-    return ArchNumerics(
-        "sm_70",
-        f16=BlockFMA(fraction_bits=23, block_size=4),  # [F21] no guard digits, 4 + c; [KM25] [MS25] [PV]
-        notes="fp16 only; 23 fraction bits kept, blocks of 4 products")
+    m = BlockFMA(fraction_bits=23, block_size=4)  # [F21] no guard digits, 4 + c; [KM25] [MS25] [PV]
+    return ArchNumerics("sm_70", f16=m, mma_m8n8k4_f16=m,  # wmma on Volta is HMMA.884 (experiments/volta_sass)
+                        notes="fp16 only; 23 fraction bits kept, blocks of 4 products")
 
 
 def _turing() -> ArchNumerics:
@@ -76,11 +88,12 @@ def _turing() -> ArchNumerics:
 def _ampere(name) -> ArchNumerics:
     m = BlockFMA(fraction_bits=24, block_size=8)  # [F21] [KM25] A100TC.m fma=8 neab=1; [MS25]; [PV]
     return ArchNumerics(name, f16=m, bf16=m,
-                        tf32=BlockFMA(fraction_bits=24, block_size=4))  # [KM25] fma=4; [MS25]; [PV]
+                        tf32=BlockFMA(fraction_bits=24, block_size=4),  # [KM25] fma=4; [MS25]; [PV]
+                        mma_m8n8k4_f16=FFMA_M8N8K4)  # assumed as measured on sm_90 (no HMMA.884 after Volta)
 
 
 def _ada() -> ArchNumerics:
-    a = _ampere("sm_89")
+    a = _ampere("sm_89")  # [KM25] [MS25] [PV]: same fp16/bf16/tf32 numerics as Ampere
     # [KM25] AdaTC.m/L40STC.m fp8: fma=16, neab=-10; [MS25] Ada fp8 F=13, RZ-E8M13 output; [PV]
     fp8 = BlockFMA(fraction_bits=13, block_size=16, accumulator_fraction_bits=13)
     return dataclasses.replace(a, fp8_mma=fp8)
@@ -90,10 +103,12 @@ def _hopper() -> ArchNumerics:
     m = BlockFMA(fraction_bits=25, block_size=16)  # [KM25] H100TC.m fma=16 neab=2; [MS25]; [PV]; [H200]
     return ArchNumerics(
         "sm_90", f16=m, bf16=m,
-        # [H200]: wmma m16n16k8 and mma.sync m16n8k8 tf32 fuse 4 products per block on the H200
-        # ([MS25] and the latest [KM25] H100TC.m say 8; [PV] tf32 vectors have k=4 and cannot tell).
-        tf32=BlockFMA(fraction_bits=25, block_size=4),
+        # [H200] mma.sync m16n8k8 tf32 fuses all 8 products ([MS25], latest [KM25] H100TC.m), but
+        # wmma m16n16k8 tf32 runs in blocks of 4 ([PV] tf32 vectors have k=4 and cannot tell).
+        tf32=BlockFMA(fraction_bits=25, block_size=8),
+        wmma_tf32=BlockFMA(fraction_bits=25, block_size=4),
         wgmma_tf32=BlockFMA(fraction_bits=25, block_size=8),  # [MS25] wgmma k8 tf32 (unmeasured here)
+        mma_m8n8k4_f16=FFMA_M8N8K4,  # [H200]
         # [H200] mma.sync m16n8k32 e4m3/e5m2 compiles to two f16 HMMAs (no fp8 MMA on sm_90):
         fp8_mma=m.replace(block_order=FP8_AS_F16_PAIRS, addend="last"),
         # [MS25] wgmma fp8: F=13, L=32, RZ-E8M13; [KM25] latest H100TC.m fma=32 neab=-10; [PV]
@@ -105,6 +120,8 @@ def _blackwell() -> ArchNumerics:
     return ArchNumerics(
         "sm_100", f16=m, bf16=m,
         tf32=BlockFMA(fraction_bits=25, block_size=8),  # [MS25]; [KM25] latest B200TC.m fma=8
+        wmma_tf32=BlockFMA(fraction_bits=25, block_size=4),  # assumed as on sm_90 ([PV] k=4 agrees)
+        mma_m8n8k4_f16=FFMA_M8N8K4,  # assumed as measured on sm_90
         # [PV] B200 e4m3/e5m2 (mma.sync m16n8k32): two interleaved f16 HMMAs, then RNE add of C
         fp8_mma=m.replace(block_order=FP8_AS_F16_PAIRS, addend="last"))
 
