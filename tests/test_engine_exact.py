@@ -1,0 +1,173 @@
+"""The fused block-FMA engine against exact rational arithmetic (tests/exact_reference.py), the
+published feature tests of Fasi et al. (2021), and ml_dtypes' conversions."""
+from __future__ import annotations
+
+from fractions import Fraction as Fr
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tcemu
+from tcemu._src import formats as fm
+from tcemu._src.numerics import engine
+from tcemu._src.numerics.rounding import round_pack
+
+import exact_reference as X
+
+MODELS = [
+    tcemu.BlockFMA(fraction_bits=23, block_size=4),
+    tcemu.BlockFMA(fraction_bits=24, block_size=8),
+    tcemu.BlockFMA(fraction_bits=25, block_size=16),
+    tcemu.BlockFMA(fraction_bits=13, block_size=32, accumulator_fraction_bits=13),
+    tcemu.BlockFMA(fraction_bits=28, block_size=2, rounding="rne"),
+    tcemu.BlockFMA(fraction_bits=20, block_size=3, rounding="ru"),
+    tcemu.BlockFMA(fraction_bits=27, block_size=5, rounding="rd"),
+    tcemu.BlockFMA(fraction_bits=24, block_size=16, rounding="rna", normalize_products=True),
+    tcemu.BlockFMA(fraction_bits=25, block_size=16, zero_exponent=None),
+]
+FORMATS = {"f16": fm.F16, "bf16": fm.BF16, "tf32": fm.TF32, "e4m3": fm.E4M3, "e5m2": fm.E5M2}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mi=st.integers(0, len(MODELS) - 1), fmt=st.sampled_from(sorted(FORMATS)), acc=st.sampled_from(["f32", "f16"]),
+       spread=st.booleans(), seed=st.integers(0, 2 ** 31 - 1))
+def test_engine_equals_exact_rational_model(mi, fmt, acc, spread, seed):
+    m = MODELS[mi]
+    if acc == "f16" and m.accumulator_fraction_bits != 23:
+        return
+    rng = np.random.default_rng(seed)
+    K, n = 32, 24
+    a = [X.random_bits(rng, fmt, K, spread) for _ in range(n)]
+    b = [X.random_bits(rng, fmt, K, spread) for _ in range(n)]
+    cfmt = acc
+    scale = 2.0 ** rng.integers(-30, 30 if acc == "f32" else 14, n) if spread else 1.0
+    cv = (rng.standard_normal(n) * scale).astype(np.float32 if acc == "f32" else np.float16)
+    c = [int(x) for x in cv.view(np.uint32 if acc == "f32" else np.uint16)]
+    got = engine.fused_dot(jnp.asarray(np.array(a, np.uint32))[:, None, :], FORMATS[fmt],
+                           jnp.asarray(np.array(b, np.uint32))[:, :, None], FORMATS[fmt],
+                           jnp.asarray(np.array(c, np.uint32))[:, None, None], fm.FORMATS[cfmt], m, acc=acc)
+    got = np.asarray(got)[:, 0, 0]
+    mode = m.f16_rounding if acc == "f16" else m.rounding
+    for i in range(n):
+        want = X.fused_dot(a[i], fmt, b[i], fmt, c[i], cfmt, m.fraction_bits, m.block_size, mode, acc,
+                           m.accumulator_fraction_bits, m.zero_exponent, m.normalize_products)
+        if want is None:
+            continue
+        assert int(got[i]) == X.to_bits(want, acc), (i, want)
+
+
+def _fasi(model, a, b, c, out="f32"):
+    """One dot product of fp16 a, b (lists) and c (f32, or f16 when out='f16')."""
+    A = jnp.asarray(np.array(a, np.float16))[None, :]
+    B = jnp.asarray(np.array(b, np.float16))[:, None]
+    cdt = jnp.float32 if out == "f32" else jnp.float16
+    C = jnp.asarray(np.array([[c]], cdt))
+    d = engine.fused_dot(fm.to_bits(A, "f16"), fm.F16, fm.to_bits(B, "f16"), fm.F16, fm.to_bits(C, out),
+                         fm.FORMATS[out], model, acc=out)
+    return float(fm.from_bits(d, out)[0, 0])
+
+
+V100, A100 = tcemu.numerics("V100").f16, tcemu.numerics("A100").f16
+T = 2.0 ** -24
+
+
+@pytest.mark.parametrize("model,a,b,c,want", [
+    # Fasi et al. 2021 (tensor-cores-numerical-behavior): extra alignment bits
+    (V100, [1, 0, 0, 0], [1, 0, 0, 0], -(1 - T), 2.0 ** -23),
+    (A100, [1] + [0] * 7, [1] + [0] * 7, -(1 - T), 2.0 ** -24),
+    # normalisation in subtraction
+    (V100, [1, 1, 0, 0], [1, -T, 0, 0], -1 + T, 2.0 ** -23),
+    (A100, [1, 1] + [0] * 6, [1, -T] + [0] * 6, -1 + T, 0.0),
+    # round toward zero, positive and negative (truncation, not floor)
+    (V100, [1, 1, 1, 1], [2, 2.0 ** -23 + T, 0, 0], 0.0, 2.0),
+    (V100, [1, 1, 1, 1], [-2, -(2.0 ** -23 + T), 0, 0], 0.0, -2.0),
+    # carry-out bits
+    (V100, [1, 1, 1, 1], [2.0 ** -23, 1, 1, 1], 1 + 2.0 ** -22 + 2.0 ** -23, 4 + 2.0 ** -21),
+    (V100, [1, 1, 1, 1], [1, 1.5, 1.75, 1.875], 1.875, 8.0),
+    (V100, [1, 1, 1, 1], [1, 1, 1, 1], 1 + 2.0 ** -22 + 2.0 ** -23, 5.0),
+])
+def test_fasi_feature_tests(model, a, b, c, want):
+    assert _fasi(model, a, b, c) == want
+
+
+def test_fasi_non_monotonicity_v100():
+    """Increasing c by one ulp decreases the V100 result (Fasi et al. 2021, section D5)."""
+    lo = _fasi(V100, [1] * 4, [T] * 4, 1 - T)
+    hi = _fasi(V100, [1] * 4, [T] * 4, 1.0)
+    assert hi < lo
+
+
+def test_fp16_output_rounds_to_nearest():
+    assert _fasi(V100, [T, T, 0, 0], [0.5, 0.25, 0, 0], 0.0, out="f16") == T
+
+
+def test_correctly_rounded_fma_chain():
+    """BlockFMA(26, 1, rne, sticky) is an exact-then-RNE FMA per product (vs Fractions)."""
+    fma = tcemu.BlockFMA(fraction_bits=26, block_size=1, rounding="rne", sticky=True)
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        a, b = rng.standard_normal(2).astype(np.float16)
+        c = np.float32(rng.standard_normal() * 2.0 ** rng.integers(-20, 20))
+        want = X.round_to(Fr(float(a)) * Fr(float(b)) + Fr(float(c)), 23, -126, 127, "rne")
+        assert _fasi(fma, [a], [b], float(c)) == float(want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(hi=st.integers(0, 2 ** 20), lo=st.integers(0, 2 ** 16 - 1), q=st.integers(-170, 120),
+       sign=st.integers(0, 1), mode=st.sampled_from(["rz", "rne", "rna", "ru", "rd"]),
+       fmt=st.sampled_from(["f32", "f16"]), ovf=st.sampled_from(["inf", "ieee"]))
+def test_round_pack_equals_exact_rounding(hi, lo, q, sign, mode, fmt, ovf):
+    F = fm.FORMATS[fmt]
+    got = int(round_pack(jnp.int32(sign), jnp.uint32(hi), jnp.uint32(lo), jnp.int32(q), F, mode, overflow=ovf))
+    x = Fr(hi * 65536 + lo) * Fr(2) ** q * (-1 if sign else 1)
+    want = X.round_to(x, F.fraction_bits, F.emin, F.emax, mode, ovf)
+    if want == 0:
+        want_bits = (1 << (F.storage_bits - 1)) if sign else 0
+    else:
+        want_bits = X.to_bits(want, fmt)
+    assert got == want_bits
+
+
+@pytest.mark.parametrize("dst,dtype", [(fm.BF16, ml_dtypes.bfloat16), (fm.F16, np.float16),
+                                       (fm.E5M2, ml_dtypes.float8_e5m2)])
+def test_convert_matches_ml_dtypes(dst, dtype):
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(20000) * 2.0 ** rng.integers(-140, 127, 20000)).astype(np.float32)
+    x = np.concatenate([x, np.array([0.0, -0.0, np.inf, -np.inf, 65504, 65520, 1e-45], np.float32)])
+    got = np.asarray(engine.convert(jnp.asarray(x.view(np.uint32)), fm.F32, dst, "rne"))
+    with np.errstate(over="ignore"):
+        want = x.astype(dtype)
+    want = want.view({1: np.uint8, 2: np.uint16}[np.dtype(dtype).itemsize]).astype(np.uint32)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_stochastic_rounding_is_unbiased_and_keyed():
+    """1 + 2**-25 lies a quarter of the way from 1 to the next float32: rounded up 1/4 of the time."""
+    m = tcemu.BlockFMA(fraction_bits=28, block_size=1, rounding="stochastic")
+    n = 4000
+    bits16 = lambda v: jnp.full((n, 1, 1), np.float16(v)).view(jnp.uint16).astype(jnp.uint32)  # noqa: E731
+    a, b = bits16(2.0 ** -12), bits16(2.0 ** -13)
+    c = jnp.full((n, 1, 1), np.float32(1.0)).view(jnp.uint32)
+    key = jax.random.key(0)
+    d = engine.fused_dot(a, fm.F16, b, fm.F16, c, fm.F32, m, key=key)
+    vals = np.asarray(d).view(np.float32).ravel()
+    assert set(np.unique(vals)) <= {np.float32(1.0), np.float32(1 + 2.0 ** -23)}
+    assert 0.22 < np.mean(vals == np.float32(1 + 2.0 ** -23)) < 0.28
+    np.testing.assert_array_equal(np.asarray(engine.fused_dot(a, fm.F16, b, fm.F16, c, fm.F32, m, key=key)),
+                                  np.asarray(d))
+    with pytest.raises(ValueError, match="PRNG key"):
+        engine.fused_dot(a, fm.F16, b, fm.F16, c, fm.F32, m)
+
+
+def test_model_validation():
+    with pytest.raises(ValueError, match="fraction_bits must be in 1..28"):
+        tcemu.BlockFMA(fraction_bits=40)
+    with pytest.raises(ValueError, match="rounding must be one of"):
+        tcemu.BlockFMA(rounding="nearest")
+    with pytest.raises(ValueError, match="permutation"):
+        tcemu.BlockFMA(block_order=(0, 0, 1))
