@@ -75,12 +75,17 @@ def _as_f32(bits, fmt: fm.FloatFormat, flush: bool):
     return x
 
 
-def _at(x):  # (..., M, K) -> (..., M, 1, K)
+# Terms are laid out (..., L, M, N): the block's products along a major axis, so that the sums
+# and maxima over them are elementwise vector operations across the output columns.
+_T = -3
+
+
+def _at(x):  # (..., M, K) -> (..., K, M, 1)
+    return jnp.swapaxes(x, -1, -2)[..., :, :, None]
+
+
+def _bt(x):  # (..., K, N) -> (..., K, 1, N)
     return x[..., :, None, :]
-
-
-def _bt(x):  # (..., K, N) -> (..., 1, N, K)
-    return jnp.swapaxes(x, -1, -2)[..., None, :, :]
 
 
 def _product_flags(a: fm.Decoded, b: fm.Decoded) -> _Terms:
@@ -91,20 +96,21 @@ def _product_flags(a: fm.Decoded, b: fm.Decoded) -> _Terms:
 
 
 def _group_sums(t, F: int):
-    """Sum int32 terms (|t| < 2**(F+2)) over the last axis in groups small enough not to overflow
-    int32; returns (..., G) partial sums."""
-    L = t.shape[-1]
+    """Sum int32 terms (|t| < 2**(F+2)) over the term axis in groups small enough not to overflow
+    int32; returns (..., G, M, N) partial sums."""
+    L = t.shape[_T]
     g = max(1, min(L, 1 << (29 - F)))
+    lead, (M, N) = t.shape[:_T], t.shape[_T + 1:]
     if L % g:
-        t = jnp.concatenate([t, jnp.zeros(t.shape[:-1] + (g - L % g,), t.dtype)], -1)
-    return jnp.sum(t.reshape(t.shape[:-1] + (t.shape[-1] // g, g)), -1)
+        t = jnp.concatenate([t, jnp.zeros(lead + (g - L % g, M, N), t.dtype)], _T)
+    return jnp.sum(t.reshape(lead + (t.shape[_T] // g, g, M, N)), _T)
 
 
 def _specials(terms: _Terms, c: fm.Decoded):
     """(is_nan, pos_inf, neg_inf) per output: NaN if any NaN, inf*0 or inf-inf."""
-    pos_inf = jnp.any(terms.inf & (terms.neg == 0), axis=-1) | (c.is_inf & (c.sign == 0))
-    neg_inf = jnp.any(terms.inf & (terms.neg != 0), axis=-1) | (c.is_inf & (c.sign != 0))
-    is_nan = jnp.any(terms.nan, axis=-1) | c.is_nan | (pos_inf & neg_inf)
+    pos_inf = jnp.any(terms.inf & (terms.neg == 0), axis=_T) | (c.is_inf & (c.sign == 0))
+    neg_inf = jnp.any(terms.inf & (terms.neg != 0), axis=_T) | (c.is_inf & (c.sign != 0))
+    is_nan = jnp.any(terms.nan, axis=_T) | c.is_nan | (pos_inf & neg_inf)
     return is_nan, pos_inf, neg_inf
 
 
@@ -118,7 +124,7 @@ def _int_align(tsig, texp, rs: int, sticky: bool, normalize: int | None):
 
     def align(E):
         # shifts of 32 or more give 0 for a non-negative operand (XLA semantics): no clamp
-        shift = E[..., None] - texp + rs
+        shift = E[..., None, :, :] - texp + rs
         t = mag >> shift
         if sticky:
             lost = mag.astype(jnp.uint32) & ((jnp.uint32(1) << shift.astype(jnp.uint32)) - jnp.uint32(1))
@@ -137,7 +143,7 @@ def _float_align(prod, texp, F: int):
 
     def align(E):
         scale = jax.lax.bitcast_convert_type(((F - E + 127) << 23).astype(jnp.int32), jnp.float32)
-        return (prod * scale[..., None]).astype(jnp.int32)
+        return (prod * scale[..., None, :, :]).astype(jnp.int32)
 
     return texp, align
 
@@ -160,7 +166,7 @@ def _fused(exp_for_max, align, make_flags, make_c, cfrac: int, model: BlockFMA, 
     if model.zero_exponent is not None and min_exp < model.zero_exponent:
         exp_for_max = jnp.where(exp_for_max < _ZERO_BELOW, model.zero_exponent, exp_for_max)
     c_exp = jnp.where(c.sig == 0, -_BIG if model.zero_exponent is None else model.zero_exponent, c.exp)
-    E = jnp.maximum(jnp.max(exp_for_max, axis=-1), c_exp)
+    E = jnp.maximum(jnp.max(exp_for_max, axis=_T), c_exp)
     if model.min_exponent is not None:
         E = jnp.maximum(E, model.min_exponent)
     parts = _group_sums(align(E), F)
@@ -170,8 +176,8 @@ def _fused(exp_for_max, align, make_flags, make_c, cfrac: int, model: BlockFMA, 
     if sticky:
         tc = tc | ((csig & ((1 << cshift) - 1)) != 0).astype(jnp.int32)
     tc = jnp.where(c.sign != 0, -tc, tc)
-    hi = jnp.sum(parts >> 16, axis=-1) + (tc >> 16)
-    lo = jnp.sum(parts & 0xFFFF, axis=-1) + (tc & 0xFFFF)
+    hi = jnp.sum(parts >> 16, axis=_T) + (tc >> 16)
+    lo = jnp.sum(parts & 0xFFFF, axis=_T) + (tc & 0xFFFF)
     sign, mhi, mlo = split_signed(hi, lo)
     bits = round_pack(sign, mhi, mlo, E - F, out, mode, overflow=model.overflow,
                       subnormals=model.subnormal_outputs, rand=rand)
@@ -183,7 +189,7 @@ def _fused(exp_for_max, align, make_flags, make_c, cfrac: int, model: BlockFMA, 
 
     def slow(bits):
         flags = make_flags()
-        all_neg = jnp.all(flags.neg != 0, axis=-1) & (c.sign != 0)
+        all_neg = jnp.all(flags.neg != 0, axis=_T) & (c.sign != 0)
         bits = jnp.where(exact_zero & all_neg, bits | jnp.uint32(out.sign_bit), bits)
         is_nan, pos_inf, neg_inf = _specials(flags, c)
         bits = jnp.where(pos_inf | neg_inf, out.inf_bits(neg_inf), bits)
@@ -251,13 +257,13 @@ def fused_dot(a_bits, afmt: fm.FloatFormat, b_bits, bfmt: fm.FloatFormat, c_bits
 
     da = fm.decode(a_bits, afmt, flush_subnormals=flush)
     db = fm.decode(b_bits, bfmt, flush_subnormals=flush)
-    sa, ea = _prepare(da, max(pre, 0))
-    sb, eb = _prepare(db, 0)
+    # Prepared operands are materialised (small: M*K and K*N) so that the (M, N, K) loops read
+    # four arrays instead of decoding both operands again for every product.
+    sa, ea, sb, eb = jax.lax.optimization_barrier((*_prepare(da, max(pre, 0)), *_prepare(db, 0)))
     use_float = (afmt.name in _FLOAT_SAFE and bfmt.name in _FLOAT_SAFE and not model.sticky
                  and not model.normalize_products)
     if use_float:  # exact float32 values of the operands (XLA's conversions are exact here)
-        fa = _as_f32(a_bits, afmt, flush)
-        fb = _as_f32(b_bits, bfmt, flush)
+        fa, fb = jax.lax.optimization_barrier((_as_f32(a_bits, afmt, flush), _as_f32(b_bits, bfmt, flush)))
     L = model.block_size
     for blk, k0 in enumerate(range(0, K, L)):
         sl = slice(k0, k0 + L)
@@ -280,9 +286,9 @@ def fused_dot(a_bits, afmt: fm.FloatFormat, b_bits, bfmt: fm.FloatFormat, c_bits
 
         def xflags(d=d):
             x = fm.decode(d, acc_fmt)
-            return _Terms(x.sign[..., None], x.is_nan[..., None], x.is_inf[..., None])
+            return _Terms(x.sign[..., None, :, :], x.is_nan[..., None, :, :], x.is_inf[..., None, :, :])
 
-        emax, align = _int_align(xs[..., None], xe[..., None], 0, True, None)
+        emax, align = _int_align(xs[..., None, :, :], xe[..., None, :, :], 0, True, None)
         d = _fused(emax, align, xflags, lambda: fm.decode(c_bits, cfmt, flush_subnormals=flush),
                    cfmt.fraction_bits, model, fraction_bits=26, sticky=True, out=out,
                    mode=model.addend_rounding, rand=rand_for(-1), min_exp=acc_fmt.emin)
