@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# On a GPU machine (device tool): tcemu's hardware-comparison tests on the GPU backend (same bits
+# as on CPU?), the benchmarks, and the SASS of the instructions whose numerics are compiled code.
+#   OUT=/some/dir TCEMU_PEER_VECTORS=.carry/peer-vectors bash experiments/hardware/gpu_checks.sh
+set -u
+cd "$(dirname "$0")/../.."
+export PYTHONPATH=$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/tcemu-gpu}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python3 -c "import jax; print('jax', jax.__version__, jax.default_backend(), jax.devices())"
+part=${1:-all}
+if [ "$part" = all ] || [ "$part" = sass ]; then
+  python3 experiments/hardware/kernels.py /tmp/capture.cu
+  nvcc -cubin -gencode arch=compute_90a,code=sm_90a -o /tmp/capture.cubin /tmp/capture.cu
+  for k in wm_row_col_m16n16k8_f32_tf32_tf32_f32 ms_m16n8k8_row_col_f32_tf32_tf32_f32 \
+           ms_m16n8k32_row_col_f32_e4m3_e4m3_f32 ms_m8n8k4_row_col_f32_f16_f16_f32 \
+           wm_row_col_m16n16k16_f16_f32 wm_row_col_m16n16k16_f32_f32; do
+    echo "== $k"; cuobjdump -sass -fun "$k" /tmp/capture.cubin | grep -oE "(HMMA|DMMA|IMMA|FFMA|FADD|F2F|F2FP|HADD2|HFMA2)[.A-Z0-9]*" | sort | uniq -c
+  done > "$OUT/sass.txt" 2>&1
+  cat "$OUT/sass.txt"
+fi
+if [ "$part" = all ] || [ "$part" = bench ]; then
+  python3 benchmarks/bench_mma.py --tiles 131072 --repeats 10 2>&1 | tee "$OUT/bench_mma_gpu.txt"
+  python3 benchmarks/bench_wmma_ldst.py --warps 100000 --repeats 10 2>&1 | tee "$OUT/bench_ldst_gpu.txt"
+fi
+if [ "$part" = all ] || [ "$part" = tests ]; then
+  timeout 480 python3 -m pytest -q -n 8 -p no:cacheprovider --junitxml="$OUT/junit_gpu.xml" \
+    tests/test_wmma_mma_hw.py tests/test_mma_sync_hw.py tests/test_peer_vectors.py \
+    tests/test_wmma_layouts.py tests/test_engine_exact.py 2>&1 | tail -15 | tee "$OUT/tests_gpu.txt"
+fi
