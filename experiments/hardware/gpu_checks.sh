@@ -13,9 +13,9 @@ part=${1:-all}
 if [ "$part" = all ] || [ "$part" = sass ]; then
   python3 experiments/hardware/kernels.py /tmp/capture.cu
   nvcc -cubin -gencode arch=compute_90a,code=sm_90a -o /tmp/capture.cubin /tmp/capture.cu
-  for k in wm_row_col_m16n16k8_f32_tf32_tf32_f32 ms_m16n8k8_row_col_f32_tf32_tf32_f32 \
+  for k in wm_sync_aligned_row_col_m16n16k8_f32_tf32_tf32_f32 ms_m16n8k8_row_col_f32_tf32_tf32_f32 \
            ms_m16n8k32_row_col_f32_e4m3_e4m3_f32 ms_m8n8k4_row_col_f32_f16_f16_f32 \
-           wm_row_col_m16n16k16_f16_f32 wm_row_col_m16n16k16_f32_f32; do
+           wm_sync_aligned_row_col_m16n16k16_f16_f32 wm_sync_aligned_row_col_m8n8k4_rn_f64_f64_f64_f64; do
     echo "== $k"; cuobjdump -sass -fun "$k" /tmp/capture.cubin | grep -oE "(HMMA|DMMA|IMMA|FFMA|FADD|F2F|F2FP|HADD2|HFMA2)[.A-Z0-9]*" | sort | uniq -c
   done > "$OUT/sass.txt" 2>&1
   cat "$OUT/sass.txt"

@@ -114,5 +114,5 @@ _JITS: dict = {}
 def _mma_jit(ins, arch, model):
     key = (ins, arch, model)
     if key not in _JITS:
-        _JITS[key] = jax.jit(lambda A, B, C, k: mma_numerics.mma_bits(ins, A, B, C, model, arch=arch, key=k))
+        _JITS[key] = jax.jit(lambda A, B, C, k: mma_numerics.mma_bits_batched(ins, A, B, C, model, arch=arch, key=k))
     return _JITS[key]

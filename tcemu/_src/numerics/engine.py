@@ -219,13 +219,28 @@ def _order(K: int, model: BlockFMA):
     return np.concatenate([np.asarray(model.block_order) + P * i for i in range(K // P)])
 
 
-def fused_dot(a_bits, afmt: fm.FloatFormat, b_bits, bfmt: fm.FloatFormat, c_bits,
-              cfmt: fm.FloatFormat, model: BlockFMA, *, acc: str = "f32", key=None):
-    """``d = c + a @ b`` of one instruction, in blocks of ``model.block_size`` along K.
+class Prepared(NamedTuple):
+    """Operands decoded once per element (shapes (..., M, K) and (..., K, N)); produced by
+    :func:`prepare` outside any loop so that XLA materialises them instead of decoding both
+    operands again for every product."""
 
-    ``c`` is read in ``cfmt``; every block result (and the returned bits) is in
-    :func:`accumulator_format` ``(model, acc)``.
-    """
+    a_bits: jnp.ndarray  # uint32, for the rare special-value path
+    b_bits: jnp.ndarray
+    sa: jnp.ndarray  # signed significands (A scaled by 2**max(pre, 0))
+    ea: jnp.ndarray  # exponents with the sentinels of _prepare
+    sb: jnp.ndarray
+    eb: jnp.ndarray
+    fa: jnp.ndarray | None  # exact float32 values (fp16/fp8 operands only)
+    fb: jnp.ndarray | None
+
+
+def _use_float(afmt, bfmt, model: BlockFMA) -> bool:
+    return (afmt.name in _FLOAT_SAFE and bfmt.name in _FLOAT_SAFE and not model.sticky
+            and not model.normalize_products)
+
+
+def prepare(a_bits, afmt: fm.FloatFormat, b_bits, bfmt: fm.FloatFormat, model: BlockFMA) -> Prepared:
+    """Decode the multiplicands of :func:`fused_dot` (tf32 rounding, block order, sentinels)."""
     flush = not model.subnormal_inputs
     if afmt is fm.TF32 and model.tf32_conversion == "rna":
         a_bits = convert(a_bits, fm.F32, fm.TF32, "rna")
@@ -233,10 +248,34 @@ def fused_dot(a_bits, afmt: fm.FloatFormat, b_bits, bfmt: fm.FloatFormat, c_bits
         b_bits = convert(b_bits, fm.F32, fm.TF32, "rna")
     a_bits = jnp.asarray(a_bits).astype(jnp.uint32)
     b_bits = jnp.asarray(b_bits).astype(jnp.uint32)
-    K = a_bits.shape[-1]
-    perm = _order(K, model)
+    perm = _order(a_bits.shape[-1], model)
     if perm is not None:
         a_bits, b_bits = a_bits[..., perm], b_bits[..., perm, :]
+    pre = model.fraction_bits - (afmt.fraction_bits + bfmt.fraction_bits)
+    sa, ea = _prepare(fm.decode(a_bits, afmt, flush_subnormals=flush), max(pre, 0))
+    sb, eb = _prepare(fm.decode(b_bits, bfmt, flush_subnormals=flush), 0)
+    fa = fb = None
+    if _use_float(afmt, bfmt, model):  # exact float32 values (XLA's conversions are exact here)
+        fa, fb = _as_f32(a_bits, afmt, flush), _as_f32(b_bits, bfmt, flush)
+    return Prepared(a_bits, b_bits, sa, ea, sb, eb, fa, fb)
+
+
+def fused_dot(a_bits, afmt: fm.FloatFormat, b_bits, bfmt: fm.FloatFormat, c_bits,
+              cfmt: fm.FloatFormat, model: BlockFMA, *, acc: str = "f32", key=None):
+    """``d = c + a @ b`` of one instruction, in blocks of ``model.block_size`` along K.
+
+    ``c`` is read in ``cfmt``; every block result (and the returned bits) is in
+    :func:`accumulator_format` ``(model, acc)``.
+    """
+    return fused_dot_prepared(prepare(a_bits, afmt, b_bits, bfmt, model), afmt, bfmt, c_bits, cfmt, model,
+                              acc=acc, key=key)
+
+
+def fused_dot_prepared(p: Prepared, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, c_bits,
+                       cfmt: fm.FloatFormat, model: BlockFMA, *, acc: str = "f32", key=None):
+    """:func:`fused_dot` on operands already :func:`prepare`-d."""
+    flush = not model.subnormal_inputs
+    K = p.a_bits.shape[-1]
     out = accumulator_format(model, acc)
     acc_fmt = fm.F16 if acc == "f16" else fm.F32
     mode = model.f16_rounding if acc == "f16" else model.rounding
@@ -255,26 +294,17 @@ def fused_dot(a_bits, afmt: fm.FloatFormat, b_bits, bfmt: fm.FloatFormat, c_bits
             raise ValueError("stochastic rounding needs a PRNG key: pass key=jax.random.key(...)")
         return jax.random.bits(jax.random.fold_in(key, i), c_bits.shape, jnp.uint32)
 
-    da = fm.decode(a_bits, afmt, flush_subnormals=flush)
-    db = fm.decode(b_bits, bfmt, flush_subnormals=flush)
-    # Prepared operands are materialised (small: M*K and K*N) so that the (M, N, K) loops read
-    # four arrays instead of decoding both operands again for every product.
-    sa, ea, sb, eb = jax.lax.optimization_barrier((*_prepare(da, max(pre, 0)), *_prepare(db, 0)))
-    use_float = (afmt.name in _FLOAT_SAFE and bfmt.name in _FLOAT_SAFE and not model.sticky
-                 and not model.normalize_products)
-    if use_float:  # exact float32 values of the operands (XLA's conversions are exact here)
-        fa, fb = jax.lax.optimization_barrier((_as_f32(a_bits, afmt, flush), _as_f32(b_bits, bfmt, flush)))
     L = model.block_size
     for blk, k0 in enumerate(range(0, K, L)):
         sl = slice(k0, k0 + L)
-        ab, bb = a_bits[..., sl], b_bits[..., sl, :]
+        ab, bb = p.a_bits[..., sl], p.b_bits[..., sl, :]
         flags = lambda ab=ab, bb=bb: _product_flags(fm.decode(ab, afmt), fm.decode(bb, bfmt))  # noqa: E731
         c = lambda d=d, f=read_fmt: fm.decode(d, f, flush_subnormals=flush)  # noqa: E731
-        texp = _at(ea[..., sl]) + _bt(eb[..., sl, :])
-        if use_float:
-            emax, align = _float_align(_at(fa[..., sl]) * _bt(fb[..., sl, :]), texp, F)
+        texp = _at(p.ea[..., sl]) + _bt(p.eb[..., sl, :])
+        if p.fa is not None:
+            emax, align = _float_align(_at(p.fa[..., sl]) * _bt(p.fb[..., sl, :]), texp, F)
         else:
-            emax, align = _int_align(_at(sa[..., sl]) * _bt(sb[..., sl, :]), texp, max(-pre, 0), model.sticky,
+            emax, align = _int_align(_at(p.sa[..., sl]) * _bt(p.sb[..., sl, :]), texp, max(-pre, 0), model.sticky,
                                      F + max(-pre, 0) + 1 if model.normalize_products else None)
         d = _fused(emax, align, flags, c, read_fmt.fraction_bits, model, fraction_bits=F, sticky=model.sticky,
                    out=out, mode=mode, rand=rand_for(blk), min_exp=afmt.emin + bfmt.emin)

@@ -9,6 +9,7 @@ extended, b1 as 0/1); the result in the same encoding for ``.dtype``.
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from tcemu._src import formats as fm
@@ -58,6 +59,14 @@ def resolve_model(ins: Mma, model, arch) -> BlockFMA:
     return m
 
 
+def _float_plan(ins: Mma, m: BlockFMA):
+    """(accumulator, C format, widen C to f32?, narrow D to f16?) of a floating-point MMA."""
+    if ins.ctype == ins.dtype and not (ins.dtype == "f16" and m.f16_accumulation == "f32"):
+        return ins.dtype, fm.FORMATS[ins.ctype], False, False
+    # .f32.f16: C widened to f32 exactly; .f16.f32: f32 accumulation, then cvt.rn.f16.f32
+    return "f32", fm.F32, ins.ctype == "f16", ins.dtype == "f16"
+
+
 def mma_bits(ins: Mma, a, b, c, model, *, arch="sm_90", key=None):
     """``D = A @ B + C`` of instruction ``ins`` on encoded operands (see module docstring)."""
     fam = ins.family
@@ -68,15 +77,60 @@ def mma_bits(ins: Mma, a, b, c, model, *, arch="sm_90", key=None):
     if fam == "f64":
         return fma64.fma_chain_bits(a, b, c, ins.rnd)
     m = resolve_model(ins, model, arch)
-    fa, fb = fm.FORMATS[ins.atype], fm.FORMATS[ins.btype]
+    prep = engine.prepare(a, fm.FORMATS[ins.atype], b, fm.FORMATS[ins.btype], m)
+    return _float_prepared(ins, m, prep, c, key)
+
+
+def _float_prepared(ins: Mma, m: BlockFMA, prep, c, key):
+    acc, cfmt, widen, narrow = _float_plan(ins, m)
     c = jnp.asarray(c).astype(jnp.uint32)
-    if ins.ctype == ins.dtype and not (ins.dtype == "f16" and m.f16_accumulation == "f32"):
-        acc, cfmt = ins.dtype, fm.FORMATS[ins.ctype]
-    elif ins.ctype == "f16":  # .f32.f16: C is widened to f32 exactly, f32 accumulation
-        c, acc, cfmt = engine.convert(c, fm.F16, fm.F32), "f32", fm.F32
-    else:  # .f16.f32: f32 accumulation, then cvt.rn.f16.f32 of the result
-        acc, cfmt = "f32", fm.F32
-    d = engine.fused_dot(a, fa, b, fb, c, cfmt, m, acc=acc, key=key)
-    if ins.dtype == "f16" and acc == "f32":
-        d = engine.convert(d, fm.F32, fm.F16, "rne")
-    return d
+    if widen:
+        c = engine.convert(c, fm.F16, fm.F32)
+    d = engine.fused_dot_prepared(prep, fm.FORMATS[ins.atype], fm.FORMATS[ins.btype], c, cfmt, m, acc=acc, key=key)
+    return engine.convert(d, fm.F32, fm.F16, "rne") if narrow else d
+
+
+def chunk_terms() -> int:
+    """Products per chunk of a batched call: small enough for the CPU caches, large for GPUs."""
+    return 1 << 23 if jax.default_backend() == "cpu" else 1 << 27
+
+
+def mma_bits_batched(ins: Mma, a, b, c, model, *, arch="sm_90", key=None):
+    """:func:`mma_bits` over leading batch axes (already broadcast), in chunks of tiles run by a
+    ``lax.scan``: the operands are decoded once outside the loop (the loop boundary keeps XLA
+    from decoding them again for every product), intermediates stay cache-sized and memory stays
+    bounded."""
+    batch = a.shape[:-2]
+    T = 1
+    for s in batch:
+        T *= s
+    per = max(1, chunk_terms() // (ins.m * ins.n * ins.k))
+    if T <= per:
+        return mma_bits(ins, a, b, c, model, arch=arch, key=key)
+    n = -(-T // per)
+
+    def chunks(x):
+        x = x.reshape((T,) + x.shape[len(batch):])
+        x = jnp.concatenate([x, jnp.zeros((n * per - T,) + x.shape[1:], x.dtype)]) if n * per > T else x
+        return x.reshape((n, per) + x.shape[1:])
+
+    keys = None if key is None else jax.random.split(key, n)
+    fa, fb = fm.FORMATS.get(ins.atype), fm.FORMATS.get(ins.btype)
+    m = None if ins.family in ("int", "b1", "f64") else resolve_model(ins, model, arch)
+    if m is None or engine._use_float(fa, fb, m):
+        # integer MMAs, and fp16/fp8 on the float32 path: the loop decodes the operand bits
+        # itself (measured faster than reading four decoded arrays)
+        def body(_, x):
+            return None, mma_bits(ins, x[0], x[1], x[2], model, arch=arch, key=x[3])
+
+        _, out = jax.lax.scan(body, None, (chunks(a), chunks(b), chunks(c), keys))
+    else:
+        # bf16/tf32 (integer alignment): decode once, outside the loop
+        prep = jax.tree_util.tree_map(chunks, engine.prepare(a, fa, b, fb, m))
+
+        def body(_, x):
+            p, cc, k = x
+            return None, _float_prepared(ins, m, p, cc, k)
+
+        _, out = jax.lax.scan(body, None, (prep, chunks(c), keys))
+    return out.reshape((n * per,) + out.shape[2:])[:T].reshape(batch + out.shape[2:])
