@@ -1,4 +1,5 @@
-"""Command line: ``python -m tcemu demo`` and ``python -m tcemu layout SPELLING [--arch sm_90]``."""
+"""Command line: ``python -m tcemu demo`` and
+``python -m tcemu layout SPELLING [--arch sm_90] [--matrix a] [--png out.png]``."""
 from __future__ import annotations
 
 import argparse
@@ -84,23 +85,27 @@ def demo(args):
 
 def layout(args):
     f = tcemu.ptx(args.spelling, arch=args.arch)
-    frag = f.fragment if hasattr(f, "fragment") else None
+    frag = getattr(f, "fragment", None)
     if frag is None:
-        frags = dict(zip("abcd", (f.fa, f.fb, f.fc, f.fd)))
-        frag = frags[args.matrix]
-    print(f"{args.spelling} on {f.arch}: {frag.rows} x {frag.cols}, {frag.nregs} registers/lane, "
-          f"{frag.copies} cop{'y' if frag.copies == 1 else 'ies'} of each element")
-    cells = {}
-    per = max(frag.per_reg, 1)
-    for lane in range(32):
-        for v in range(frag.nvalues):
-            r, c = (int(x) for x in frag.coords[lane, v])
-            reg = v // per if frag.bits <= 32 else 2 * v
-            cells.setdefault((r, c), []).append(f"T{lane}:x{reg}" + (f".{v % per}" if per > 1 else ""))
-    width = max(len(v[0]) for v in cells.values()) + 1
+        frag = dict(zip("abcd", (f.fa, f.fb, f.fc, f.fd)))[args.matrix]
+    title = f"{args.spelling}" + (f" [{args.matrix}]" if not hasattr(f, "fragment") else "") + f" on {f.arch}"
+    print(f"{title}: {frag.rows} x {frag.cols}, {frag.nregs} registers/lane, "
+          f"{frag.copies} cop{'y' if frag.copies == 1 else 'ies'} of each element ({frag.source})")
+    if args.png:
+        from tcemu._src.draw import draw_fragment
+
+        draw_fragment(frag, title=title, path=args.png)
+        print(f"wrote {args.png}")
+        return 0
+    from tcemu._src.draw import holders
+
+    cells = holders(frag)
+    per = frag.per_reg
+    text = {k: f"T{v[0][0]}:x{v[0][1]}" + (f".{v[0][2]}" if per > 1 else "") for k, v in cells.items()}
+    width = max(len(t) for t in text.values()) + 1
     print(" " * 4 + "".join(f"{c:>{width}d}" for c in range(frag.cols)))
     for r in range(frag.rows):
-        print(f"{r:3d} " + "".join(f"{cells[(r, c)][0]:>{width}s}" for c in range(frag.cols)))
+        print(f"{r:3d} " + "".join(f"{text[(r, c)]:>{width}s}" for c in range(frag.cols)))
     return 0
 
 
@@ -114,6 +119,7 @@ def main(argv=None):
     lay.add_argument("spelling")
     lay.add_argument("--arch", default="sm_90")
     lay.add_argument("--matrix", default="a", choices="abcd", help="operand of an MMA spelling")
+    lay.add_argument("--png", help="draw the layout into this PNG file (needs matplotlib)")
     args = ap.parse_args(argv)
     return {"demo": demo, "layout": layout}[args.cmd](args)
 

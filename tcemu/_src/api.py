@@ -37,6 +37,10 @@ def ptx(spelling: str, arch="sm_90", *, model=None):
         return W.WmmaLoad_(ins, a)
     if isinstance(ins, P.WmmaStore):
         return W.WmmaStore_(ins, a)
+    if isinstance(ins, P.MatrixMove):
+        from tcemu._src.isa import matrix_move as MM
+
+        return (MM.LdMatrix if ins.op == "ld" else MM.StMatrix)(ins, a)
     if ins.kind == "wmma":
         return W.MmaRegs(ins, a, W.wmma_mma_fragments(a, ins), model)
     if ins.kind == "mma":

@@ -346,8 +346,63 @@ def parse(spelling: str):
     s = spelling.strip() if isinstance(spelling, str) else spelling
     for prefix, fn in (("wmma.load", parse_wmma_load), ("wmma.store", parse_wmma_store),
                        ("wmma.mma", parse_wmma_mma), ("wgmma.mma_async", parse_wgmma),
-                       ("mma", parse_mma_sync)):
+                       ("mma", parse_mma_sync), ("ldmatrix", parse_matrix_move),
+                       ("stmatrix", parse_matrix_move)):
         if isinstance(s, str) and (s.startswith(prefix + ".")):
             return fn(s)
     raise ValueError(f"unsupported instruction {spelling!r}; supported: wmma.load, wmma.store, "
-                     "wmma.mma, mma.sync, wgmma.mma_async (value level)")
+                     "wmma.mma, mma.sync, ldmatrix, stmatrix, wgmma.mma_async (value level)")
+
+
+# ---------------------------------------------------------------------------------------------
+# ldmatrix / stmatrix (PTX ISA 9.7.14.5.15 / 9.7.14.5.16)
+
+
+@dataclasses.dataclass(frozen=True)
+class MatrixMove:
+    """ldmatrix (``op="ld"``) or stmatrix (``op="st"``)."""
+
+    spelling: str
+    op: str
+    shape: str  # m8n8 | m16n8 | m16n16 | m8n16
+    num: int  # 1, 2 or 4 matrices
+    trans: bool
+    etype: str  # b16 | b8 | b8x16.b6x16_p32 | b8x16.b4x16_p64
+    space: str | None
+
+    @property
+    def min_sm(self) -> int:
+        if self.shape != "m8n8":
+            return 100
+        return 75 if self.op == "ld" else 90
+
+
+def parse_matrix_move(spelling: str) -> MatrixMove:
+    op = "ld" if spelling.strip().startswith("ldmatrix") else "st"
+    s, toks = _split(spelling, "ldmatrix" if op == "ld" else "stmatrix")
+    shapes = ("m8n8", "m16n16", "m8n16") if op == "ld" else ("m8n8", "m16n8")
+    rest = ".".join(toks)
+    fmt = None
+    for f in ("b8x16.b6x16_p32", "b8x16.b4x16_p64"):
+        if rest.endswith("." + f) and op == "ld":
+            fmt, toks = f, rest[: -len(f) - 1].split(".")
+    q = _Quals(s, toks, {"sync": ("sync",), "aligned": ("aligned",), "shape": shapes,
+                         "num": ("x1", "x2", "x4"), "trans": ("trans",), "space": SPACES,
+                         "type": ("b16", "b8")}, True)
+    _common(s, q)
+    shape, num = q.one(s, "shape"), q.one(s, "num")
+    etype = fmt or q.one(s, "type")
+    trans = bool(q.found["trans"])
+    if shape == "m8n8" and etype != "b16":
+        raise ValueError(f"{spelling!r}: .m8n8 takes .b16 only")
+    if shape == "m16n8" and etype != "b8":
+        raise ValueError(f"{spelling!r}: .m16n8 is valid only with .b8")
+    if shape in ("m16n8", "m16n16") and not trans:
+        raise ValueError(f"{spelling!r}: .trans is mandatory for .{shape}")
+    if shape == "m8n16" and (trans or fmt is None):
+        raise ValueError(f"{spelling!r}: .m8n16 needs .b8x16.b6x16_p32 or .b8x16.b4x16_p64 and no .trans")
+    if shape == "m16n16" and num == "x4":
+        raise ValueError(f"{spelling!r}: .m16n16 takes only .x1 or .x2")
+    if shape == "m16n16" and etype not in ("b8", "b8x16.b6x16_p32", "b8x16.b4x16_p64"):
+        raise ValueError(f"{spelling!r}: .m16n16 takes .b8 or the .b8x16 formats")
+    return MatrixMove(s, op, shape, int(num[1]), trans, etype, q.one(s, "space", required=False))

@@ -75,14 +75,30 @@ def matrix_to_fragment(vals, frag: Fragment):
     """(rows, cols) element bits (uint32, or (lo, hi) for 64-bit) -> (32, nregs) registers."""
     r, c = frag.coords[..., 0], frag.coords[..., 1]
     if frag.bits == 64:
-        lo, hi = vals
-        return jnp.stack([lo[r, c], hi[r, c]], -1).reshape(32, frag.nregs)
+        return pack_values((vals[0][r, c], vals[1][r, c]), frag)
+    return pack_values(vals[r, c], frag)
+
+
+def pack_values(vals, frag: Fragment):
+    """(32, nvalues) element bits (or a (lo, hi) pair for 64-bit) -> (32, nregs) registers."""
+    if frag.bits == 64:
+        return jnp.stack(vals, -1).reshape(32, frag.nregs)
     per = frag.per_reg
-    v = vals[r, c].reshape(32, frag.nregs, per).astype(_U32)
+    v = vals.reshape(32, frag.nregs, per).astype(_U32)
     if frag.bits < 32:
         v = v & _U32((1 << frag.bits) - 1)
     shifts = jnp.asarray(np.arange(per, dtype=np.uint32) * frag.bits)
     return jnp.sum(v << shifts, axis=-1, dtype=_U32)  # disjoint bit fields: sum == or
+
+
+def unpack_values(words, frag: Fragment):
+    """(32, nregs) registers -> (32, nvalues) element bits (or a (lo, hi) pair for 64-bit)."""
+    if frag.bits == 64:
+        w = words.reshape(32, frag.nvalues, 2)
+        return w[..., 0], w[..., 1]
+    shifts = jnp.asarray(np.arange(frag.per_reg, dtype=np.uint32) * frag.bits)
+    v = words[:, :, None] >> shifts
+    return (v & _U32((1 << frag.bits) - 1) if frag.bits < 32 else v).reshape(32, frag.nvalues)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -112,7 +128,7 @@ def check_regs(spelling, regs):
         raise TypeError(f"{spelling}: regs must be uint32, got {jnp.asarray(regs).dtype}")
 
 
-def _check_mem(spelling, mem):
+def check_mem(spelling, mem):
     mem = jnp.asarray(mem)
     if mem.ndim != 1 or mem.dtype != jnp.uint8:
         raise ValueError(f"{spelling}: mem must be a 1-D uint8 array (use jax.vmap for many warps), "
@@ -120,7 +136,7 @@ def _check_mem(spelling, mem):
     return mem
 
 
-class _Instruction:
+class Instruction:
     def __init__(self, ins, arch: Arch):
         self.ins = ins
         self.arch = arch
@@ -130,7 +146,7 @@ class _Instruction:
         return f"<tcemu {self.spelling} arch={self.arch}>"
 
 
-class _WmmaMemoryOp(_Instruction):
+class _WmmaMemoryOp(Instruction):
     """Shared part of wmma.load and wmma.store: fragment, addresses, PTX alignment rules."""
 
     def __init__(self, ins, arch):
@@ -179,19 +195,11 @@ class WmmaLoad_(_WmmaMemoryOp):
 
     def _load(self, regs, mem, p, stride, dst):
         vals = memmod.read(mem, p, self._offsets(stride), self.bits)
-        frag = self.fragment
-        if frag.bits == 64:
-            words = jnp.stack(vals, -1).reshape(32, frag.nregs)
-        else:
-            per = frag.per_reg
-            v = vals.reshape(32, frag.nregs, per)
-            shifts = jnp.asarray(np.arange(per, dtype=np.uint32) * frag.bits)
-            words = jnp.sum(v << shifts, axis=-1, dtype=_U32)
-        return regs.at[:, list(dst)].set(words)
+        return regs.at[:, list(dst)].set(pack_values(vals, self.fragment))
 
     def __call__(self, regs, mem, *, dst, p, stride=None):
         check_regs(self.spelling, regs)
-        mem = _check_mem(self.spelling, mem)
+        mem = check_mem(self.spelling, mem)
         dst = register_indices(self.spelling, "dst", dst, self.nregs, jnp.shape(regs))
         stride = self.default_stride if stride is None else stride
         self._check_address(mem, p, stride)
@@ -206,21 +214,12 @@ class WmmaStore_(_WmmaMemoryOp):
         self._impl = jax.jit(self._store, static_argnames=("src",))
 
     def _store(self, mem, regs, p, stride, src):
-        words = regs[:, list(src)]
-        frag = self.fragment
-        if frag.bits == 64:
-            w = words.reshape(32, frag.nvalues, 2)
-            vals = (w[..., 0], w[..., 1])
-        else:
-            per = frag.per_reg
-            shifts = jnp.asarray(np.arange(per, dtype=np.uint32) * frag.bits)
-            v = words[:, :, None] >> shifts
-            vals = (v & _U32((1 << frag.bits) - 1) if frag.bits < 32 else v).reshape(32, frag.nvalues)
+        vals = unpack_values(regs[:, list(src)], self.fragment)
         return memmod.write(mem, p, self._offsets(stride), vals, self.bits)
 
     def __call__(self, mem, regs, *, src, p, stride=None):
         check_regs(self.spelling, regs)
-        mem = _check_mem(self.spelling, mem)
+        mem = check_mem(self.spelling, mem)
         src = register_indices(self.spelling, "src", src, self.nregs, jnp.shape(regs))
         stride = self.default_stride if stride is None else stride
         self._check_address(mem, p, stride)
@@ -253,7 +252,7 @@ def _from_numeric(vals, etype):
     return vals.astype(_U32)
 
 
-class MmaRegs(_Instruction):
+class MmaRegs(Instruction):
     """``f(regs, *, d, a, b, c, key=None) -> regs`` for an MMA with fragments ``fa``, ``fb``, ``fc``,
     ``fd``; ``key`` is a PRNG key for models with stochastic rounding."""
 

@@ -80,3 +80,18 @@ QUAD_PAIR = {
     ("c", "f16"): (((1, 0), (2, 0), (8, 0), (16, 0), (4, 0)), ((0, 1), (0, 2), (0, 4))),
     ("c", "f32"): (((1, 0), (0, 2), (8, 0), (16, 0), (4, 0)), ((0, 1), (2, 0), (0, 4))),
 }
+
+# ldmatrix / stmatrix, in *stored* coordinates: row R = 8 * matrix + row of that matrix (whose
+# address lane R supplies), column = element within the 16-byte row.
+# m8n8 .b16 (PTX ISA Figure 107 and the ldmatrix figure; H200-verified, tests/data/ldstmatrix_sm90):
+# lane l holds row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 (low, high half); .trans stores the
+# same registers transposed. Register i holds matrix i.
+# m16n8 .trans .b8 (stmatrix, sm_100a): from CUTLASS cute/atom/copy_traits_sm100.hpp,
+# Copy_Traits<SM100_U8x4_STSM_T>: byte j of lane l's register is element (l / 4 + 8 (j >> 1),
+# 2 (l % 4) + (j & 1)) of the 16 x 8 matrix, stored transposed as 8 rows of 16 bytes.
+# (Not measured here: the H200 is sm_90.)
+MATRIX_MOVE = {
+    ("m8n8", False): (((0, 2), (0, 4), (1, 0), (2, 0), (4, 0)), ((0, 1),)),
+    ("m8n8", True): (((2, 0), (4, 0), (0, 1), (0, 2), (0, 4)), ((1, 0),)),
+    ("m16n8", True): (((2, 0), (4, 0), (0, 1), (0, 2), (0, 4)), ((1, 0), (0, 8))),
+}

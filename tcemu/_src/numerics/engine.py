@@ -211,9 +211,13 @@ def convert(bits, src: fm.FloatFormat, dst: fm.FloatFormat, mode: str = "rne", *
 
 
 def _order(K: int, model: BlockFMA):
+    """The permutation of an instruction's K products given by ``model.block_order``: the pattern
+    applied to every P consecutive k, or restricted to k < K when K < P."""
     if model.block_order is None:
         return None
     P = len(model.block_order)
+    if K < P:
+        return np.asarray([k for k in model.block_order if k < K])
     if K % P:
         raise ValueError(f"block_order of length {P} does not tile K={K}")
     return np.concatenate([np.asarray(model.block_order) + P * i for i in range(K // P)])

@@ -49,8 +49,9 @@ class BlockFMA:
         "truncate" (what the tensor core does with a raw float32 register) or "rna"
         (``cvt.rna.tf32.f32`` applied first).
       block_order: order in which an instruction's K products enter the blocks, as a pattern of
-        length P applied to every P consecutive k (``None``: natural order). The sm_90/sm_100
-        lowering of fp8 ``mma.sync`` to two f16 HMMAs uses k % 4 in {0, 1} first.
+        length P applied to every P consecutive k (restricted to k < K when K < P; ``None``:
+        natural order). The sm_90/sm_100 lowering of fp8 ``mma.sync`` to two f16 HMMAs uses
+        k % 4 in {0, 1} first.
       addend: "first" (C enters the first block) or "last" (the blocks start from +0 and C is
         added afterwards by one separate addition rounded with ``addend_rounding``).
       f16_accumulation: for binary16 C/D, "native" rounds every block into binary16

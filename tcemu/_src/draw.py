@@ -1,0 +1,68 @@
+"""Pictures of fragment layouts (needs matplotlib: ``pip install "tcemu[plot]"``).
+
+    >>> import tcemu
+    >>> from tcemu._src.draw import draw_fragment
+    >>> frag = tcemu.ptx("wmma.load.a.sync.aligned.row.m16n16k16.f16", arch="sm_90").fragment
+    >>> fig = draw_fragment(frag, title="wmma A f16 (sm_90)")
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tcemu._src.layouts.fragment import Fragment
+
+
+def _plt():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:  # pragma: no cover - exercised only without matplotlib
+        raise ImportError('drawing layouts needs matplotlib: pip install "tcemu[plot]"') from e
+    return plt
+
+
+def holders(frag: Fragment):
+    """For every (row, col): the list of (lane, register, slot) holding it, first holder first."""
+    cells: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+    per = max(frag.per_reg, 1)
+    for lane in range(32):
+        for v in range(frag.nvalues):
+            r, c = (int(x) for x in frag.coords[lane, v])
+            reg, slot = (v // per, v % per) if frag.bits <= 32 else (2 * v, 0)
+            cells.setdefault((r, c), []).append((lane, reg, slot))
+    return cells
+
+
+def draw_fragment(frag: Fragment, title: str = "", path=None):
+    """A matrix picture: every element coloured by the lane holding it and labelled T<lane> x<reg>
+    (with .<slot> when a register packs several elements; +n when n more lanes hold copies).
+    Saves a PNG when ``path`` is given; returns the matplotlib figure."""
+    plt = _plt()
+    cells = holders(frag)
+    cmap = plt.get_cmap("hsv")
+    w = min(0.62 * frag.cols + 1.5, 60)
+    h = min(0.42 * frag.rows + 1.5, 40)
+    fig, ax = plt.subplots(figsize=(w, h))
+    img = np.zeros((frag.rows, frag.cols, 3))
+    for (r, c), hs in cells.items():
+        lane = hs[0][0]
+        img[r, c] = cmap((lane * 11 % 32) / 32)[:3]
+    ax.imshow(img * 0.55 + 0.45, aspect="auto", interpolation="nearest")
+    fs = max(3, min(8, 240 // max(frag.cols, 1)))
+    per = frag.per_reg
+    for (r, c), hs in cells.items():
+        lane, reg, slot = hs[0]
+        label = f"T{lane}\nx{reg}" + (f".{slot}" if per > 1 else "") + (f"\n+{len(hs) - 1}" if len(hs) > 1 else "")
+        ax.text(c, r, label, ha="center", va="center", fontsize=fs)
+    ax.set_xticks(range(frag.cols))
+    ax.set_yticks(range(frag.rows))
+    ax.tick_params(labelsize=max(4, fs))
+    ax.set_xlabel("column")
+    ax.set_ylabel("row")
+    ax.set_title(title or f"{frag.rows}x{frag.cols} fragment, {frag.nregs} registers/lane")
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig
