@@ -37,6 +37,7 @@ class FloatFormat:
     storage_bits: int
     has_inf: bool = True
     shift: int = 0
+    nan: int | None = None  # NaN pattern returned by the hardware, if not the canonical one
 
     @property
     def bias(self) -> int:
@@ -60,6 +61,8 @@ class FloatFormat:
     @property
     def canonical_nan(self) -> int:
         """Positive NaN with every fraction bit set (what NVIDIA tensor cores return)."""
+        if self.nan is not None:
+            return self.nan
         e = (1 << self.exponent_bits) - 1
         return ((e << self.fraction_bits) | ((1 << self.fraction_bits) - 1)) << self.shift
 
@@ -79,8 +82,6 @@ TF32 = FloatFormat("tf32", 8, 10, 32, shift=13)
 F32 = FloatFormat("f32", 8, 23, 32)
 E4M3 = FloatFormat("e4m3", 4, 3, 8, has_inf=False)
 E5M2 = FloatFormat("e5m2", 5, 2, 8)
-# Accumulator of Hopper/Ada fp8 MMAs: binary32 range, 13 fraction bits, stored as float32.
-E8M13 = FloatFormat("e8m13", 8, 13, 32, shift=10)
 
 FORMATS = {f.name: f for f in (F16, BF16, TF32, F32, E4M3, E5M2)}
 

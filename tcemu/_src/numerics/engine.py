@@ -44,7 +44,8 @@ def accumulator_format(model: BlockFMA, acc: str) -> fm.FloatFormat:
     if model.accumulator_fraction_bits == 23:
         return fm.F32
     afb = model.accumulator_fraction_bits
-    return fm.FloatFormat(f"e8m{afb}", 8, afb, 32, shift=23 - afb)
+    # stored as float32 with the low bits zero; NaN is float32's canonical 0x7FFFFFFF ([H200] wgmma fp8)
+    return fm.FloatFormat(f"e8m{afb}", 8, afb, 32, shift=23 - afb, nan=0x7FFFFFFF)
 
 
 # Sentinel exponents of zero and of NaN/inf operands. A product exponent below _ZERO_BELOW marks a

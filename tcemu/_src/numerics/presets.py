@@ -107,11 +107,12 @@ def _hopper() -> ArchNumerics:
         # wmma m16n16k8 tf32 runs in blocks of 4 ([PV] tf32 vectors have k=4 and cannot tell).
         tf32=BlockFMA(fraction_bits=25, block_size=8),
         wmma_tf32=BlockFMA(fraction_bits=25, block_size=4),
-        wgmma_tf32=BlockFMA(fraction_bits=25, block_size=8),  # [MS25] wgmma k8 tf32 (unmeasured here)
+        wgmma_tf32=BlockFMA(fraction_bits=25, block_size=8),  # [MS25]; [H200] wgmma m64n8k8
         mma_m8n8k4_f16=FFMA_M8N8K4,  # [H200]
         # [H200] mma.sync m16n8k32 e4m3/e5m2 compiles to two f16 HMMAs (no fp8 MMA on sm_90):
         fp8_mma=m.replace(block_order=FP8_AS_F16_PAIRS, addend="last"),
-        # [MS25] wgmma fp8: F=13, L=32, RZ-E8M13; [KM25] latest H100TC.m fma=32 neab=-10; [PV]
+        # [MS25] wgmma fp8: F=13, L=32, RZ-E8M13 (f16 output: RNE); [KM25] latest H100TC.m
+        # fma=32 neab=-10; [PV] (f32 output); [H200] wgmma m64n8k32 f32 and f16 output, NaN 0x7FFFFFFF
         fp8_wgmma=BlockFMA(fraction_bits=13, block_size=32, accumulator_fraction_bits=13))
 
 
