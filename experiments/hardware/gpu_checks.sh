@@ -27,5 +27,5 @@ fi
 if [ "$part" = all ] || [ "$part" = tests ]; then
   timeout 480 python3 -m pytest -q -n 8 -p no:cacheprovider --junitxml="$OUT/junit_gpu.xml" \
     tests/test_wmma_mma_hw.py tests/test_mma_sync_hw.py tests/test_peer_vectors.py \
-    tests/test_wmma_layouts.py tests/test_engine_exact.py 2>&1 | tail -15 | tee "$OUT/tests_gpu.txt"
+    tests/test_wmma_layouts.py tests/test_engine_exact.py tests/test_wgmma_hw.py tests/test_matrix_move.py 2>&1 | tail -15 | tee "$OUT/tests_gpu.txt"
 fi
