@@ -92,7 +92,7 @@ def _float_prepared(ins: Mma, m: BlockFMA, prep, c, key):
 
 def chunk_terms() -> int:
     """Products per chunk of a batched call: small enough for the CPU caches, large for GPUs."""
-    return 1 << 23 if jax.default_backend() == "cpu" else 1 << 27
+    return 1 << 23 if jax.default_backend() == "cpu" else 1 << 29
 
 
 def mma_bits_batched(ins: Mma, a, b, c, model, *, arch="sm_90", key=None):
