@@ -3,8 +3,11 @@
 Register level: ``tcemu.ptx(spelling, arch)`` returns a pure function over a warp's registers
 (``tcemu.regfile``) and byte-addressed memory (``tcemu.memory``). Value level: ``tcemu.mma``.
 Numerics: ``tcemu.BlockFMA`` (the fused block-FMA model), ``tcemu.numerics(arch)`` (presets).
+GEMMs: ``tcemu.matmul``, ``tcemu.dot_general`` (a ``jax.lax.dot_general`` drop-in),
+``tcemu.einsum``, configured by ``tcemu.GemmConfig``.
 """
 from tcemu._src.api import mma, ptx, regfile
+from tcemu._src.gemm import GemmConfig, dot_general, einsum, matmul, quantize
 from tcemu._src.arch import Arch
 from tcemu._src.memory import get_matrix, memory, put_matrix
 from tcemu._src.numerics.model import BlockFMA
@@ -12,5 +15,5 @@ from tcemu._src.numerics.presets import ArchNumerics, numerics
 
 __version__ = "0.1.0"
 
-__all__ = ["Arch", "ArchNumerics", "BlockFMA", "get_matrix", "memory", "mma", "numerics", "ptx",
-           "put_matrix", "regfile"]
+__all__ = ["Arch", "ArchNumerics", "BlockFMA", "GemmConfig", "dot_general", "einsum", "get_matrix",
+           "matmul", "memory", "mma", "numerics", "ptx", "put_matrix", "quantize", "regfile"]

@@ -315,16 +315,28 @@ def fused_dot_prepared(p: Prepared, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, 
                    out=out, mode=mode, rand=rand_for(blk), min_exp=afmt.emin + bfmt.emin)
         read_fmt = acc_fmt
     if model.addend == "last":
-        # one correctly rounded addition: 3 guard bits + sticky make a 2-term sum exact-rounded
-        x = fm.decode(d, acc_fmt)
-        xs, xe = _prepare(x, 26 - acc_fmt.fraction_bits)
-
-        def xflags(d=d):
-            x = fm.decode(d, acc_fmt)
-            return _Terms(x.sign[..., None, :, :], x.is_nan[..., None, :, :], x.is_inf[..., None, :, :])
-
-        emax, align = _int_align(xs[..., None, :, :], xe[..., None, :, :], 0, True, None)
-        d = _fused(emax, align, xflags, lambda: fm.decode(c_bits, cfmt, flush_subnormals=flush),
-                   cfmt.fraction_bits, model, fraction_bits=26, sticky=True, out=out,
-                   mode=model.addend_rounding, rand=rand_for(-1), min_exp=acc_fmt.emin)
+        d = _add(d, acc_fmt, c_bits, cfmt, model, out=out, mode=model.addend_rounding, rand=rand_for(-1))
     return d
+
+
+def _add(x_bits, xfmt: fm.FloatFormat, y_bits, yfmt: fm.FloatFormat, model: BlockFMA, *, out, mode, rand=None):
+    """One correctly rounded addition x + y into ``out`` (3 guard bits and a sticky bit make a
+    two-term sum exactly rounded); ``model`` supplies the overflow and subnormal policies."""
+    flush = not model.subnormal_inputs
+    xs, xe = _prepare(fm.decode(x_bits, xfmt), 26 - xfmt.fraction_bits)
+
+    def xflags():
+        x = fm.decode(x_bits, xfmt)
+        return _Terms(x.sign[..., None, :, :], x.is_nan[..., None, :, :], x.is_inf[..., None, :, :])
+
+    emax, align = _int_align(xs[..., None, :, :], xe[..., None, :, :], 0, True, None)
+    return _fused(emax, align, xflags, lambda: fm.decode(y_bits, yfmt, flush_subnormals=flush),
+                  yfmt.fraction_bits, model, fraction_bits=26, sticky=True, out=out, mode=mode, rand=rand,
+                  min_exp=xfmt.emin)
+
+
+def add(x_bits, y_bits, fmt: fm.FloatFormat = fm.F32, mode: str = "rne", *, rand=None):
+    """IEEE addition of two bit-pattern arrays of ``fmt`` (shape (..., M, N)) in integer
+    arithmetic: what a CUDA-core FADD does with the partial sums of a GEMM (NaN canonical)."""
+    return _add(jnp.asarray(x_bits).astype(jnp.uint32), fmt, jnp.asarray(y_bits).astype(jnp.uint32), fmt,
+                BlockFMA(overflow="ieee"), out=fmt, mode=mode, rand=rand)

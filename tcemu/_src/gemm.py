@@ -1,0 +1,362 @@
+"""Emulated GEMMs of any size from one instruction's numerics, differentiable, with a
+``jax.lax.dot_general``-compatible entry point for Flax/Optax models.
+
+    >>> import jax.numpy as jnp, tcemu
+    >>> a = jnp.ones((37, 100)); b = jnp.ones((100, 19))
+    >>> y = tcemu.matmul(a, b, arch="H100", instruction="m16n8k16.f32.bf16.bf16.f32")
+    >>> float(y[0, 0])
+    100.0
+
+The GEMM is tiled by the instruction's (m, n, k) (padding with zeros); each output tile runs the
+K loop in the order ``GemmConfig.k_order``:
+
+* ``"sequential"``: one instruction per k-tile, D of one step is C of the next (a CUTLASS-style
+  mainloop), starting from +0.
+* ``"split_k"``: K cut into ``split_k`` contiguous slices, each sequential from +0, then the
+  slices' results added in order with float32 RNE additions (the reduction kernel).
+* ``"promotion"``: every ``promotion_interval`` elements of K the tensor-core accumulator (started
+  at +0) is added into a float32 accumulator with an RNE addition (DeepSeek-V3's FP8 recipe,
+  interval 128).
+* ``"pairwise"``: every k-tile's instruction starts from +0; the partial results are summed
+  pairwise with float32 RNE additions (adjacent pairs, then pairs of pairs; a non-power-of-two
+  count leaves the odd subtrees to be added from the largest down).
+
+Memory stays bounded: the products of one step exist only inside fused loops, and the output is
+processed in row blocks, so a 4096^3 GEMM needs O(M N) memory, never O(M N K).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tcemu._src import formats as fm
+from tcemu._src.arch import resolve
+from tcemu._src.isa.parse import Mma, parse
+from tcemu._src.numerics import engine
+from tcemu._src.numerics import mma as mma_numerics
+from tcemu._src.numerics.model import BlockFMA
+
+K_ORDERS = ("sequential", "split_k", "promotion", "pairwise")
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    """How an emulated GEMM computes (hashable; pass as ``config=``).
+
+    Attributes:
+      arch: architecture whose numerics preset is used ("H100", "sm_80", ...).
+      instruction: the MMA instruction: a full PTX spelling (wmma/mma.sync/wgmma) or the mma.sync
+        short form "m16n8k16.f32.bf16.bf16.f32" (shape.dtype.atype.btype.ctype).
+      k_order: "sequential", "split_k", "promotion" or "pairwise" (see the module docstring).
+      split_k: number of K slices for "split_k".
+      promotion_interval: K elements accumulated in the tensor core between promotions.
+      model: a :class:`tcemu.BlockFMA` replacing the preset's numerics.
+      quantize: how inputs are rounded to the instruction's format: "rne" or "stochastic"
+        (needs ``key=``).
+      grad_lhs, grad_rhs: configs of the backward GEMMs dA = dY B^T and dB = A^T dY; ``None``
+        computes them exactly in float32.
+    """
+
+    arch: str = "H100"
+    instruction: str = "m16n8k16.f32.bf16.bf16.f32"
+    k_order: str = "sequential"
+    split_k: int = 4
+    promotion_interval: int = 128
+    model: BlockFMA | None = None
+    quantize: str = "rne"
+    grad_lhs: "GemmConfig | None" = None
+    grad_rhs: "GemmConfig | None" = None
+
+    def __post_init__(self):
+        if self.k_order not in K_ORDERS:
+            raise ValueError(f"k_order must be one of {K_ORDERS}, got {self.k_order!r}")
+        if self.quantize not in ("rne", "stochastic"):
+            raise ValueError(f"quantize must be 'rne' or 'stochastic', got {self.quantize!r}")
+        if self.split_k < 1:
+            raise ValueError("split_k must be >= 1")
+        ins = self.ins
+        if ins.family in ("int", "b1", "f64"):
+            raise ValueError(f"{ins.spelling!r}: GEMM emulation takes floating-point instructions "
+                             "(f16, bf16, tf32, e4m3/e5m2)")
+        if ins.ctype != ins.dtype:
+            raise ValueError(f"{ins.spelling!r}: chaining needs C and D of the same type")
+        if self.promotion_interval % ins.k:
+            raise ValueError(f"promotion_interval={self.promotion_interval} must be a multiple of the "
+                             f"instruction's k={ins.k}")
+        mma_numerics.check_arch(ins, resolve(self.arch))
+
+    @property
+    def ins(self) -> Mma:
+        return _instruction(self.instruction)
+
+    def replace(self, **changes) -> "GemmConfig":
+        return dataclasses.replace(self, **changes)
+
+
+@functools.lru_cache(maxsize=None)
+def _instruction(spelling: str) -> Mma:
+    s = spelling.strip()
+    if not s.startswith(("wmma.", "mma.", "wgmma.")):
+        parts = s.split(".")
+        if len(parts) != 5:
+            raise ValueError(f"instruction {spelling!r}: give a PTX spelling or shape.dtype.atype.btype.ctype, "
+                             "e.g. 'm16n8k16.f32.bf16.bf16.f32'")
+        s = f"mma.sync.aligned.{parts[0]}.row.col.{'.'.join(parts[1:])}"
+    ins = parse(s)
+    if not isinstance(ins, Mma):
+        raise ValueError(f"instruction {spelling!r} is not an MMA")
+    return ins
+
+
+# ---------------------------------------------------------------------------------------------
+# quantisation
+
+
+def quantize(x, etype: str, mode: str = "rne", key=None):
+    """Round float values to the element format ``etype`` (f16, bf16, tf32, e4m3, e5m2); the
+    result holds the quantised values in float32 (exact)."""
+    x = jnp.asarray(x, jnp.float32)
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    rand = None
+    if mode == "stochastic":
+        if key is None:
+            raise ValueError("stochastic quantisation needs key=jax.random.key(...)")
+        rand = jax.random.bits(key, x.shape, jnp.uint32)
+    q = engine.convert(bits, fm.F32, fm.FORMATS[etype], mode, rand=rand)
+    return fm.from_bits(q, etype).astype(jnp.float32) if etype != "tf32" else jax.lax.bitcast_convert_type(q, jnp.float32)
+
+
+def _ste(x, q):
+    """Straight-through estimator: the value of ``q`` exactly, the gradient of ``x``."""
+    return x - jax.lax.stop_gradient(x) + jax.lax.stop_gradient(q)
+
+
+def _bits(x, etype):
+    """float32 container of exactly representable values -> element bit patterns (uint32)."""
+    if etype == "tf32":
+        return jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.float32), jnp.uint32)
+    return fm.to_bits(jnp.asarray(x).astype(fm.VALUE_DTYPES[etype]), etype)
+
+
+# ---------------------------------------------------------------------------------------------
+# the emulated GEMM on bit patterns
+
+
+def _tiles(x, r, c):
+    """(R, C) -> (R/r, C/c, r, c)."""
+    R, C = x.shape
+    return x.reshape(R // r, r, C // c, c).transpose(0, 2, 1, 3)
+
+
+def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None):
+    """Emulated (M, K) @ (K, N) on bit patterns of the instruction's input types.
+
+    Returns (D bits (M, N), format of D): the accumulator format for "sequential", float32 for
+    the orders that finish with float32 additions.
+    """
+    ins = cfg.ins
+    model = mma_numerics.resolve_model(ins, cfg.model, resolve(cfg.arch))
+    m, n, k = ins.m, ins.n, ins.k
+    (M, K), N = a_bits.shape, b_bits.shape[1]
+    Mp, Np, Kp = -(-M // m) * m, -(-N // n) * n, -(-K // k) * k
+    A = _tiles(jnp.pad(a_bits, ((0, Mp - M), (0, Kp - K))), m, k)  # (Mt, Kt, m, k)
+    B = _tiles(jnp.pad(b_bits, ((0, Kp - K), (0, Np - N))), k, n)  # (Kt, Nt, k, n)
+    Mt, Kt, Nt = Mp // m, Kp // k, Np // n
+    acc = fm.FORMATS[ins.dtype]
+    # rows of tiles per block: about chunk_terms() products per step (pairwise keeps Kt partials)
+    mc = max(1, mma_numerics.chunk_terms() // max(1, Nt * m * n * k))
+    if cfg.k_order == "pairwise":
+        mc = max(1, mc // Kt)
+    mc = min(mc, Mt)
+    nblocks = -(-Mt // mc)
+    A = jnp.pad(A, ((0, nblocks * mc - Mt), (0, 0), (0, 0), (0, 0))).reshape(nblocks, mc, Kt, m, k)
+    zero = jnp.zeros((mc, Nt, m, n), jnp.uint32)
+    if model.stochastic and key is None:
+        raise ValueError("this model rounds stochastically: pass key=jax.random.key(...)")
+
+    def to_f32(bits):
+        return bits if acc is fm.F32 or acc.name.startswith("e8m") else engine.convert(bits, acc, fm.F32)
+
+    def f32_add(x, y):
+        return engine.add(x, y, fm.F32, "rne")
+
+    def block(blk, Ar):
+        def step(d, kt, valid):
+            kt = jnp.minimum(kt, Kt - 1)
+            a = jax.lax.dynamic_index_in_dim(Ar, kt, axis=1, keepdims=False)[:, None]  # (mc, 1, m, k)
+            b = jax.lax.dynamic_index_in_dim(B, kt, axis=0, keepdims=False)[None]  # (1, Nt, k, n)
+            kk = None if key is None else jax.random.fold_in(jax.random.fold_in(key, blk), kt)
+            return jnp.where(valid, mma_numerics.mma_bits(ins, a, b, d, model, arch=cfg.arch, key=kk), d)
+
+        def chain(kts):  # instructions over the k-tiles kts (>= Kt: padding, skipped), from +0
+            return jax.lax.scan(lambda d, kt: (step(d, kt, kt < Kt), None), zero, kts)[0]
+
+        if cfg.k_order == "sequential":
+            return chain(jnp.arange(Kt))
+        if cfg.k_order == "split_k":
+            S = min(cfg.split_k, Kt)
+            per = -(-Kt // S)
+            parts = jax.vmap(chain)(jnp.arange(S * per).reshape(S, per))
+            return _fold(to_f32(parts), f32_add)
+        if cfg.k_order == "promotion":
+            g = cfg.promotion_interval // k
+            G = -(-Kt // g)
+
+            def promote(total, kts):
+                return f32_add(total, to_f32(chain(kts))), None
+
+            return jax.lax.scan(promote, zero, jnp.arange(G * g).reshape(G, g))[0]
+        parts = jax.vmap(lambda kt: step(zero, kt, True))(jnp.arange(Kt))  # pairwise
+        return _pairwise(to_f32(parts), f32_add)
+
+    out = jax.lax.map(lambda x: block(*x), (jnp.arange(nblocks), A))  # (nblocks, mc, Nt, m, n)
+    out = out.reshape(nblocks * mc, Nt, m, n)[:Mt].transpose(0, 2, 1, 3).reshape(Mp, Np)[:M, :N]
+    return out, (acc if cfg.k_order == "sequential" else fm.F32)
+
+
+def _fold(parts, add):
+    """Left fold of a stacked array with ``add``: ((p0 + p1) + p2) + ..."""
+    return jax.lax.scan(lambda t, x: (add(t, x), None), parts[0], parts[1:])[0]
+
+
+def _pairwise(parts, add):
+    """Pairwise (tree) sum over the leading axis: adjacent pairs, then pairs of pairs; an odd
+    element waits for the next level."""
+    while parts.shape[0] > 1:
+        n = parts.shape[0]
+        s = add(parts[0:n - 1:2], parts[1:n:2])
+        parts = jnp.concatenate([s, parts[n - 1:]]) if n % 2 else s
+    return parts[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# differentiable value API
+
+
+def _emulated(a, b, cfg: GemmConfig, key):
+    """Forward: a (..., M, K) @ b (K, N) or (..., K, N), inputs already quantised (float32)."""
+    ins = cfg.ins
+    A = _bits(a, ins.atype)
+    Bb = _bits(b, ins.btype)
+    if b.ndim == 2:  # one weight matrix: fold every batch row into M
+        lead = a.shape[:-1]
+        D, fmt = gemm_bits(A.reshape(-1, a.shape[-1]), Bb, cfg, key)
+        return fm.from_bits(D, fmt.name if fmt is not fm.F32 else "f32").astype(jnp.float32).reshape(lead + (b.shape[1],))
+    batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    A = jnp.broadcast_to(A, batch + A.shape[-2:]).reshape((-1,) + A.shape[-2:])
+    Bb = jnp.broadcast_to(Bb, batch + Bb.shape[-2:]).reshape((-1,) + Bb.shape[-2:])
+    keys = None if key is None else jax.random.split(key, A.shape[0])
+
+    def one(x):
+        D, fmt = gemm_bits(x[0], x[1], cfg, x[2])
+        return fm.from_bits(D, "f16" if fmt is fm.F16 else "f32").astype(jnp.float32)
+
+    out = jax.lax.map(one, (A, Bb, keys))
+    return out.reshape(batch + out.shape[-2:])
+
+
+def _grad_matmul(x, y, cfg):
+    """One backward GEMM: exact float32 (cfg None) or emulated with its own config."""
+    if cfg is None:
+        return jnp.matmul(x, y, precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+    ins = cfg.ins
+    return _emulated(quantize(x, ins.atype), quantize(y, ins.btype), cfg, None)
+
+
+def _unbroadcast(g, shape):
+    """Sum a gradient over the axes broadcasting added (matmul batch axes)."""
+    while g.ndim > len(shape):
+        g = g.sum(0)
+    for i, (gs, s) in enumerate(zip(g.shape, shape)):
+        if s == 1 and gs != 1:
+            g = g.sum(i, keepdims=True)
+    return g
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _mm(a, b, cfg, key):
+    return _emulated(a, b, cfg, key)
+
+
+def _mm_fwd(a, b, cfg, key):
+    return _emulated(a, b, cfg, key), (a, b)
+
+
+def _mm_bwd(cfg, res, g):
+    a, b = res
+    g = g.astype(jnp.float32)
+    da = _grad_matmul(g, jnp.swapaxes(b, -1, -2), cfg.grad_lhs)
+    if b.ndim == 2:
+        db = _grad_matmul(a.reshape(-1, a.shape[-1]).T, g.reshape(-1, g.shape[-1]), cfg.grad_rhs)
+    else:
+        db = _unbroadcast(_grad_matmul(jnp.swapaxes(a, -1, -2), g, cfg.grad_rhs), b.shape)
+    return _unbroadcast(da, a.shape), db, None
+
+
+_mm.defvjp(_mm_fwd, _mm_bwd)
+
+
+def matmul(a, b, *, config: GemmConfig | None = None, key=None, **kwargs):
+    """``a @ b`` for (..., M, K) and (..., K, N) (or (K, N)) with a tensor core's exact numerics.
+
+    ``config`` (a :class:`GemmConfig`) or its fields as keywords (``arch=``, ``instruction=``,
+    ``k_order=``, ...). Inputs are rounded to the instruction's formats (straight-through
+    gradient); the result is float32 (float16 for f16-accumulating instructions, widened).
+    Differentiable: the backward GEMMs follow ``config.grad_lhs`` / ``config.grad_rhs``.
+    ``key``: PRNG key for stochastic quantisation or rounding.
+    """
+    cfg = config if config is not None else GemmConfig(**kwargs)
+    if config is not None and kwargs:
+        cfg = cfg.replace(**kwargs)
+    a = jnp.asarray(a)
+    b = jnp.asarray(b)
+    if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"matmul needs (..., M, K) @ (..., K, N), got {a.shape} and {b.shape}")
+    ins = cfg.ins
+    ka = kb = None
+    if cfg.quantize == "stochastic":
+        if key is None:
+            raise ValueError("quantize='stochastic' needs key=jax.random.key(...)")
+        key, ka, kb = jax.random.split(key, 3)
+    af, bf = a.astype(jnp.float32), b.astype(jnp.float32)
+    qa = _ste(af, quantize(af, ins.atype, cfg.quantize, ka))
+    qb = _ste(bf, quantize(bf, ins.btype, cfg.quantize, kb))
+    return _mm(qa, qb, cfg, key)
+
+
+def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *,
+                out_sharding=None, config: GemmConfig | None = None, key=None):
+    """Drop-in for :func:`jax.lax.dot_general` computing with :func:`matmul`'s emulated numerics.
+
+    Use ``functools.partial(tcemu.dot_general, config=tcemu.GemmConfig(...))`` as the
+    ``dot_general`` of ``flax.nnx.Linear`` / ``flax.linen.Dense``. ``precision`` is ignored (the
+    config decides); ``preferred_element_type`` sets the output dtype (default: the promoted
+    input dtype, as in JAX).
+    """
+    cfg = config if config is not None else GemmConfig()
+    (lc, rc), (lb, rb) = dimension_numbers
+    lc, rc, lb, rb = (tuple(int(i) % x.ndim for i in d) for d, x in ((lc, lhs), (rc, rhs), (lb, lhs), (rb, rhs)))
+    lf = [i for i in range(lhs.ndim) if i not in lc and i not in lb]
+    rf = [i for i in range(rhs.ndim) if i not in rc and i not in rb]
+    ls, rs = lhs.shape, rhs.shape
+    size = lambda shape, idx: int(np.prod([shape[i] for i in idx], dtype=np.int64))  # noqa: E731
+    L = jnp.transpose(lhs, lb + tuple(lf) + lc).reshape(size(ls, lb), size(ls, lf), size(ls, lc))
+    R = jnp.transpose(rhs, rb + rc + tuple(rf)).reshape(size(rs, rb), size(rs, rc), size(rs, rf))
+    out = matmul(L if lb else L[0], R if rb else R[0], config=cfg, key=key)
+    out = out.reshape(tuple(ls[i] for i in lb) + tuple(ls[i] for i in lf) + tuple(rs[i] for i in rf))
+    dtype = preferred_element_type or jnp.result_type(lhs.dtype, rhs.dtype)
+    out = out.astype(dtype)
+    if out_sharding is not None:
+        out = jax.lax.with_sharding_constraint(out, out_sharding)
+    return out
+
+
+def einsum(subscripts, *operands, config: GemmConfig | None = None, key=None, **kwargs):
+    """:func:`jax.numpy.einsum` whose contractions run through :func:`dot_general`."""
+    dg = functools.partial(dot_general, config=config, key=key)
+    return jnp.einsum(subscripts, *operands, _dot_general=dg, **kwargs)
