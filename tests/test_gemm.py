@@ -300,3 +300,12 @@ def test_matmul_shards_over_devices():
                PYTHONPATH=str(ROOT))
     r = subprocess.run([sys.executable, "-c", SHARD], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("k_order", ["sequential", "pairwise"])
+def test_4096_cubed_fits_in_4_gib(k_order):
+    """Compiled memory of an emulated 4096^3 GEMM (XLA's memory analysis; not run here)."""
+    s = jax.ShapeDtypeStruct((4096, 4096), jnp.float32)
+    cfg = tcemu.GemmConfig(arch="H100", instruction="m16n8k16.f32.bf16.bf16.f32", k_order=k_order)
+    m = jax.jit(lambda a, b: tcemu.matmul(a, b, config=cfg)).lower(s, s).compile().memory_analysis()
+    assert m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes < 4 * 2 ** 30
