@@ -108,9 +108,12 @@ def plot(results, path=None):
     ax.set_yscale("log")
     ax.legend()
     names = list(results)
-    bx.barh(names, [results[n]["accuracy"] for n in names])
+    accs = [results[n]["accuracy"] for n in names]
+    bx.barh(names, accs)
+    for i, a in enumerate(accs):
+        bx.text(a, i, f" {a:.3f}", va="center")
     bx.set_xlabel("final accuracy (training set)")
-    bx.set_xlim(0, 1)
+    bx.set_xlim(max(0.0, min(accs) - 0.1), 1.0)
     fig.tight_layout()
     if path is not None:
         fig.savefig(path, dpi=110)
