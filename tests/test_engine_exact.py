@@ -2,7 +2,9 @@
 published feature tests of Fasi et al. (2021), and ml_dtypes' conversions."""
 from __future__ import annotations
 
+import os
 from fractions import Fraction as Fr
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -33,11 +35,17 @@ MODELS = [
 FORMATS = {"f16": fm.F16, "bf16": fm.BF16, "tf32": fm.TF32, "e4m3": fm.E4M3, "e5m2": fm.E5M2}
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mi=st.integers(0, len(MODELS) - 1), fmt=st.sampled_from(sorted(FORMATS)), acc=st.sampled_from(["f32", "f16"]),
-       spread=st.booleans(), seed=st.integers(0, 2 ** 31 - 1))
-def test_engine_equals_exact_rational_model(mi, fmt, acc, spread, seed):
-    m = MODELS[mi]
+       spread=st.booleans(), seed=st.integers(0, 2 ** 31 - 1), path=st.sampled_from(["default", "int-unrolled"]))
+def test_engine_equals_exact_rational_model(mi, fmt, acc, spread, seed, path):
+    """Both code paths: the default (CPU) one, and integer alignment with unrolled term sums."""
+    env = {"TCEMU_ALIGN": "int", "TCEMU_UNROLL": "1"} if path == "int-unrolled" else {}
+    with mock.patch.dict(os.environ, env):
+        _engine_vs_exact(MODELS[mi], fmt, acc, spread, seed)
+
+
+def _engine_vs_exact(m, fmt, acc, spread, seed):
     if acc == "f16" and m.accumulator_fraction_bits != 23:
         return
     rng = np.random.default_rng(seed)

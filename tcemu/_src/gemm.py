@@ -191,13 +191,14 @@ def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None):
             a = jax.lax.dynamic_index_in_dim(Ar, kt, axis=1, keepdims=False)[:, None]  # (mc, 1, m, k)
             b = jax.lax.dynamic_index_in_dim(B, kt, axis=0, keepdims=False)[None]  # (1, Nt, k, n)
             kk = None if key is None else jax.random.fold_in(jax.random.fold_in(key, blk), kt)
-            return jnp.where(valid, mma_numerics.mma_bits(ins, a, b, d, model, arch=cfg.arch, key=kk), d)
+            out = mma_numerics.mma_bits(ins, a, b, d, model, arch=cfg.arch, key=kk)
+            return out if valid is None else jnp.where(valid, out, d)
 
-        def chain(kts):  # instructions over the k-tiles kts (>= Kt: padding, skipped), from +0
-            return jax.lax.scan(lambda d, kt: (step(d, kt, kt < Kt), None), zero, kts)[0]
+        def chain(kts, padded=True):  # instructions over the k-tiles kts (>= Kt: padding, skipped), from +0
+            return jax.lax.scan(lambda d, kt: (step(d, kt, kt < Kt if padded else None), None), zero, kts)[0]
 
         if cfg.k_order == "sequential":
-            return chain(jnp.arange(Kt))
+            return chain(jnp.arange(Kt), padded=False)
         if cfg.k_order == "split_k":
             S = min(cfg.split_k, Kt)
             per = -(-Kt // S)

@@ -19,6 +19,7 @@ Example (one fp16 dot product of length 4 with an fp32 addend, V100 numerics)::
 """
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import jax
@@ -96,15 +97,43 @@ def _product_flags(a: fm.Decoded, b: fm.Decoded) -> _Terms:
     return _Terms(_at(a.sign) ^ _bt(b.sign), nan, (_at(a.is_inf) | _bt(b.is_inf)) & ~nan)
 
 
+_UNROLL = 32  # term axes up to this length may be reduced by explicit elementwise ops
+
+
+def unroll_terms() -> bool:
+    """Reduce short term axes by unrolled elementwise ops (GPUs) rather than XLA reductions
+    (CPUs, where the unrolled form is several times slower); ``TCEMU_UNROLL=0|1`` overrides."""
+    env = os.environ.get("TCEMU_UNROLL")
+    if env is not None:
+        return env == "1"
+    return jax.default_backend() != "cpu"
+
+
+def _treduce(x, op, axis: int = _T):
+    """Reduce over the term axis. Short axes become a chain of elementwise ``op`` on slices,
+    which XLA fuses with the term computation and the rounding into one loop (on GPUs its
+    reductions over a middle axis run at a fraction of that speed)."""
+    n = x.shape[axis]
+    if n > _UNROLL or not unroll_terms():
+        return {jnp.add: jnp.sum, jnp.maximum: jnp.max}[op](x, axis=axis)
+    parts = [jax.lax.index_in_dim(x, i, axis, keepdims=False) for i in range(n)]
+    out = parts[0]
+    for p in parts[1:]:
+        out = op(out, p)
+    return out
+
+
 def _group_sums(t, F: int):
     """Sum int32 terms (|t| < 2**(F+2)) over the term axis in groups small enough not to overflow
     int32; returns (..., G, M, N) partial sums."""
     L = t.shape[_T]
     g = max(1, min(L, 1 << (29 - F)))
+    if g == L:
+        return _treduce(t, jnp.add)[..., None, :, :]
     lead, (M, N) = t.shape[:_T], t.shape[_T + 1:]
     if L % g:
         t = jnp.concatenate([t, jnp.zeros(lead + (g - L % g, M, N), t.dtype)], _T)
-    return jnp.sum(t.reshape(lead + (t.shape[_T] // g, g, M, N)), _T)
+    return _treduce(t.reshape(lead + (t.shape[_T] // g, g, M, N)), jnp.add, _T)
 
 
 def _specials(terms: _Terms, c: fm.Decoded):
@@ -167,7 +196,7 @@ def _fused(exp_for_max, align, make_flags, make_c, cfrac: int, model: BlockFMA, 
     if model.zero_exponent is not None and min_exp < model.zero_exponent:
         exp_for_max = jnp.where(exp_for_max < _ZERO_BELOW, model.zero_exponent, exp_for_max)
     c_exp = jnp.where(c.sig == 0, -_BIG if model.zero_exponent is None else model.zero_exponent, c.exp)
-    E = jnp.maximum(jnp.max(exp_for_max, axis=_T), c_exp)
+    E = jnp.maximum(_treduce(exp_for_max, jnp.maximum), c_exp)
     if model.min_exponent is not None:
         E = jnp.maximum(E, model.min_exponent)
     parts = _group_sums(align(E), F)
@@ -177,8 +206,8 @@ def _fused(exp_for_max, align, make_flags, make_c, cfrac: int, model: BlockFMA, 
     if sticky:
         tc = tc | ((csig & ((1 << cshift) - 1)) != 0).astype(jnp.int32)
     tc = jnp.where(c.sign != 0, -tc, tc)
-    hi = jnp.sum(parts >> 16, axis=_T) + (tc >> 16)
-    lo = jnp.sum(parts & 0xFFFF, axis=_T) + (tc & 0xFFFF)
+    hi = _treduce(parts >> 16, jnp.add) + (tc >> 16)
+    lo = _treduce(parts & 0xFFFF, jnp.add) + (tc & 0xFFFF)
     sign, mhi, mlo = split_signed(hi, lo)
     bits = round_pack(sign, mhi, mlo, E - F, out, mode, overflow=model.overflow,
                       subnormals=model.subnormal_outputs, rand=rand)
@@ -239,9 +268,21 @@ class Prepared(NamedTuple):
     fb: jnp.ndarray | None
 
 
+def alignment_path() -> str:
+    """How fp16/fp8 products are aligned when both ways are exact: "float" (float32 scaling and a
+    truncating conversion; the default, measured faster on CPU and H200) or "int" (integer
+    shifts, as for bf16/tf32). ``TCEMU_ALIGN=int|float`` selects; both give the same bits."""
+    env = os.environ.get("TCEMU_ALIGN", "auto")
+    if env not in ("auto", "int", "float"):
+        raise ValueError(f"TCEMU_ALIGN={env!r}; valid: auto, int, float")
+    if env != "auto":
+        return env
+    return "float"
+
+
 def _use_float(afmt, bfmt, model: BlockFMA) -> bool:
     return (afmt.name in _FLOAT_SAFE and bfmt.name in _FLOAT_SAFE and not model.sticky
-            and not model.normalize_products)
+            and not model.normalize_products and alignment_path() == "float")
 
 
 def prepare(a_bits, afmt: fm.FloatFormat, b_bits, bfmt: fm.FloatFormat, model: BlockFMA) -> Prepared:

@@ -9,6 +9,8 @@ extended, b1 as 0/1); the result in the same encoding for ``.dtype``.
 """
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 
@@ -91,7 +93,11 @@ def _float_prepared(ins: Mma, m: BlockFMA, prep, c, key):
 
 
 def chunk_terms() -> int:
-    """Products per chunk of a batched call: small enough for the CPU caches, large for GPUs."""
+    """Products per chunk of a batched call: small enough for the CPU caches, large for GPUs
+    (override with the environment variable ``TCEMU_CHUNK_TERMS``)."""
+    env = os.environ.get("TCEMU_CHUNK_TERMS")
+    if env:
+        return int(env)
     return 1 << 23 if jax.default_backend() == "cpu" else 1 << 29
 
 
