@@ -4,7 +4,8 @@ Register level: ``tcemu.ptx(spelling, arch)`` returns a pure function over a war
 (``tcemu.regfile``) and byte-addressed memory (``tcemu.memory``). Value level: ``tcemu.mma``.
 Numerics: ``tcemu.BlockFMA`` (the fused block-FMA model), ``tcemu.numerics(arch)`` (presets).
 GEMMs: ``tcemu.matmul``, ``tcemu.dot_general`` (a ``jax.lax.dot_general`` drop-in),
-``tcemu.einsum``, configured by ``tcemu.GemmConfig``.
+``tcemu.einsum``, configured by ``tcemu.GemmConfig``. Studies: ``tcemu.probe`` (feature tests
+of an MMA), ``tcemu.error_vs_k`` (accumulation error as dot products grow).
 """
 from tcemu._src.api import mma, ptx, regfile
 from tcemu._src.gemm import GemmConfig, dot_general, einsum, matmul, quantize
@@ -12,8 +13,11 @@ from tcemu._src.arch import Arch
 from tcemu._src.memory import get_matrix, memory, put_matrix
 from tcemu._src.numerics.model import BlockFMA
 from tcemu._src.numerics.presets import ArchNumerics, numerics
+from tcemu._src.probe import ProbeResult, probe
+from tcemu._src.studies import ErrorCurve, error_vs_k
 
 __version__ = "0.1.0"
 
-__all__ = ["Arch", "ArchNumerics", "BlockFMA", "GemmConfig", "dot_general", "einsum", "get_matrix",
-           "matmul", "memory", "mma", "numerics", "ptx", "put_matrix", "quantize", "regfile"]
+__all__ = ["Arch", "ArchNumerics", "BlockFMA", "ErrorCurve", "GemmConfig", "ProbeResult", "dot_general", "einsum",
+           "error_vs_k", "get_matrix", "matmul", "memory", "mma", "numerics", "probe", "ptx", "put_matrix",
+           "quantize", "regfile"]

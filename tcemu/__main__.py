@@ -1,8 +1,16 @@
-"""Command line: ``python -m tcemu demo`` and
-``python -m tcemu layout SPELLING [--arch sm_90] [--matrix a] [--png out.png]``."""
+"""Command line (also the ``tcemu`` console script):
+
+* ``python -m tcemu demo [--kmax 16384] [--outputs 512] [--out tcemu_demo]``: a register-level
+  walk-through, then the error of emulated dot products against float64 as K grows, for fp16,
+  bf16, tf32 and fp8 on several GPU presets (table, PNG and CSV).
+* ``python -m tcemu layout SPELLING [--arch sm_90] [--matrix a] [--png out.png]``
+* ``python -m tcemu probe [--arch H100] [--format f16] [--instruction SPELLING] [--model k=v,...]``:
+  feature tests of a preset or of a custom model, compared with the preset (exit 1 on a difference).
+"""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 
@@ -13,23 +21,8 @@ import numpy as np
 import tcemu
 
 
-def _chain(spelling, a, b, arch):
-    """A (M, K) @ B (K, N), M, N, K multiples of the instruction's shape, as a chain of one
-    instruction along K per output tile (D of step k is C of step k+1)."""
-    ins = tcemu._src.isa.parse.parse(spelling)
-    (M, K), N = a.shape, b.shape[1]
-    m, n, k = ins.m, ins.n, ins.k
-    a_t = a.reshape(M // m, m, K // k, k).transpose(2, 0, 1, 3)[:, :, None]  # (steps, Mt, 1, m, k)
-    b_t = b.reshape(K // k, k, N // n, n).transpose(0, 2, 1, 3)[:, None]  # (steps, 1, Nt, k, n)
-
-    def step(c, ab):
-        return tcemu.mma(spelling, ab[0], ab[1], c, arch=arch), None
-
-    d, _ = jax.lax.scan(step, jnp.zeros((M // m, N // n, m, n), jnp.float32), (a_t, b_t))
-    return d.transpose(0, 2, 1, 3).reshape(M, N)
-
-
 def demo(args):
+    t0 = time.perf_counter()
     print("tcemu demo: one warp through the register file, then accumulation error per GPU\n")
     rng = np.random.default_rng(0)
     # 1. register level on an H100/H200 (sm_90)
@@ -60,27 +53,72 @@ def demo(args):
     print(f"   D vs float64: max |error| = {np.abs(d - exact).max():.3e}, "
           f"bits equal to value-level tcemu.mma: "
           f"{np.array_equal(d, np.asarray(tcemu.mma(mma.spelling, a, b, c, arch='sm_90')))}\n")
-    # 2. accumulation error per GPU for a long dot product
-    K = args.k
-    print(f"2. ({args.m} x {K}) @ ({K} x {args.m}) fp16 -> fp32 as a chain of m16n16k16 wmma.mma "
-          "(each instruction's D is the next C)")
-    x = rng.random((args.m, K)).astype(np.float16)  # all positive: errors accumulate
-    y = rng.random((K, args.m)).astype(np.float16)
-    ref = x.astype(np.float64) @ y.astype(np.float64)
-    rows = []
-    for arch in ("V100", "T4", "A100", "L40S", "H100", "B200"):
-        t = time.perf_counter()
-        got = np.asarray(_chain("wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32", x, y, arch))
-        rel = np.abs(got - ref) / np.abs(ref)
-        m = tcemu.numerics(arch).f16
-        rows.append((arch, m.fraction_bits, m.block_size, rel.max(), rel.mean(), time.perf_counter() - t))
-    f32 = np.abs(x.astype(np.float32) @ y.astype(np.float32) - ref) / np.abs(ref)
-    print(f"   {'GPU':6s} {'bits':>4s} {'block':>5s} {'max rel err':>12s} {'mean rel err':>12s}")
-    for arch, fb, bs, mx, mn, dt in rows:
-        print(f"   {arch:6s} {fb:4d} {bs:5d} {mx:12.3e} {mn:12.3e}   ({dt:.1f} s)")
-    print(f"   {'fp32 (numpy)':17s} {f32.max():12.3e} {f32.mean():12.3e}")
-    print("\n   bits: fraction bits kept when aligning products (truncated); block: products fused per step")
+    # 2. accumulation error as K grows, per format and GPU
+    ks = [k for k in (2 ** i for i in range(4, 15)) if k <= args.kmax]
+    print(f"2. relative error against float64 of {args.outputs} dot products of U[0,1) inputs as K grows "
+          f"({ks[0]} ... {ks[-1]}),\n   each a chain of the MMA a GEMM uses on that GPU (D of one "
+          "instruction is C of the next)")
+    curves, base = _sweep(DEMO_CONFIGS, ks, args.outputs)
+    shown = [k for k in ks if k in (16, 64, 256, 1024, 4096, 16384)] or ks
+    head = f"   {'max relative error':34s}" + "".join(f"{'K=' + str(k):>9s}" for k in shown)
+    print(head)
+    for c in base + curves:
+        vals = dict(zip(c.k, c.max_rel))
+        print(f"   {c.label:34s}" + "".join(f"{vals[k]:9.1e}" if k in vals else f"{'-':>9s}" for k in shown))
+    print("\n   fp16/bf16/tf32: products aligned to the largest exponent and truncated 23 (V100), 24 (A100) or "
+          "25 (H100)\n   bits below it; fp8 on H100 (wgmma) keeps a 13-bit accumulator, so its error grows with K "
+          "until the\n   partial sums are promoted to fp32 every 128 products (DeepSeek-V3).")
+    with open(args.out + ".csv", "w") as f:
+        f.write("label,format,instruction,k,max_rel,mean_rel\n")
+        for c in base + curves:
+            for k, mx, mn in zip(c.k, c.max_rel, c.mean_rel):
+                f.write(f"{c.label},{c.fmt},{c.instruction},{k},{mx:.6e},{mn:.6e}\n")
+    try:
+        from tcemu._src.draw import plot_error_curves
+
+        plot_error_curves(curves, args.out + ".png", baselines=base,
+                          title=f"Emulated tensor-core dot products vs float64 ({args.outputs} outputs, U[0,1) inputs)")
+        wrote = f"{args.out}.png and {args.out}.csv"
+    except ImportError:
+        wrote = f'{args.out}.csv (for the plot: pip install "tcemu[plot]")'
+    print(f"\n   wrote {wrote} ({time.perf_counter() - t0:.0f} s)")
     return 0
+
+
+# (input format, GPU preset, promotion interval or None)
+DEMO_CONFIGS = [("f16", "V100", None), ("f16", "A100", None), ("f16", "H100", None),
+                ("bf16", "A100", None), ("bf16", "H100", None),
+                ("tf32", "A100", None), ("tf32", "H100", None),
+                ("e4m3", "L40S", None), ("e4m3", "H100", None), ("e4m3", "H100", 128), ("e4m3", "B200", None)]
+
+
+def _sweep(configs, ks, outputs):
+    """Error curves of ``configs`` and the fp32-chain baselines, with a progress bar on stderr."""
+    from tcemu._src.studies import error_vs_k, fp32_chain_error
+
+    fmts = list(dict.fromkeys(f for f, _, _ in configs))
+    jobs = [("base", f, None, None) for f in fmts] + [("emu",) + c for c in configs]
+    curves, base = [], []
+    for i, (kind, fmt, arch, promo) in enumerate(jobs):
+        label = f"fp32 chain ({fmt})" if kind == "base" else f"{arch} {fmt}" + (f" + promotion/{promo}" if promo else "")
+        _progress(i, len(jobs), label)
+        if kind == "base":
+            c = fp32_chain_error(fmt, ks, outputs=outputs)
+            base.append(dataclasses.replace(c, label=f"fp32 FMA chain ({fmt})"))
+        else:
+            curves.append(error_vs_k(fmt, arch, ks, outputs=outputs, promotion_interval=promo))
+    if sys.stderr.isatty():
+        sys.stderr.write("\r" + " " * 80 + "\r")
+    return curves, base
+
+
+def _progress(i, n, what):
+    if not sys.stderr.isatty():
+        return
+    w = 30
+    fill = w * i // n
+    sys.stderr.write(f"\r   [{'#' * fill}{'.' * (w - fill)}] {i}/{n} {what:32s}")
+    sys.stderr.flush()
 
 
 def layout(args):
@@ -109,19 +147,95 @@ def layout(args):
     return 0
 
 
+_PROBE_FORMATS = {70: ("f16",), 75: ("f16",), 80: ("f16", "bf16", "tf32"), 86: ("f16", "bf16", "tf32"),
+                  87: ("f16", "bf16", "tf32"), 89: ("f16", "bf16", "tf32", "e4m3"),
+                  90: ("f16", "bf16", "tf32", "e4m3"), 100: ("f16", "bf16", "tf32", "e4m3")}
+
+
+def parse_model(text: str):
+    """``"fraction_bits=24,block_size=16,rounding=rne"`` -> :class:`tcemu.BlockFMA` (values are
+    Python literals; bare words are strings; commas inside brackets belong to the value)."""
+    import ast
+    import re
+
+    fields = {f.name for f in dataclasses.fields(tcemu.BlockFMA)}
+    kw = {}
+    for item in re.split(r",(?![^()\[\]]*[)\]])", text):
+        if not item.strip():
+            continue
+        if "=" not in item:
+            raise ValueError(f"--model item {item!r} is not name=value")
+        k, v = (x.strip() for x in item.split("=", 1))
+        if k not in fields:
+            raise ValueError(f"--model: unknown field {k!r}; valid: {sorted(fields)}")
+        try:
+            kw[k] = ast.literal_eval({"true": "True", "false": "False", "none": "None"}.get(v.lower(), v))
+        except (ValueError, SyntaxError):
+            kw[k] = v
+    return tcemu.BlockFMA(**kw)
+
+
+def probe(args):
+    from tcemu._src.arch import resolve
+    from tcemu._src.isa.parse import parse
+    from tcemu._src.numerics.mma import resolve_model
+    from tcemu._src.probe import expected
+
+    arch = resolve(args.arch)
+    fmts = [args.format] if args.format else list(_PROBE_FORMATS.get(arch.sm, ("f16",)))
+    if args.instruction:
+        fmts = [parse(args.instruction).atype]
+    model = parse_model(args.model) if args.model else None
+    what = "your model" if model is not None else "the preset"
+    print(f"tcemu probe: feature tests (Fasi et al. 2021; Khattak & Mikaitis 2025) on {what} for {args.arch}\n")
+    mismatches = 0
+    for fmt in fmts:
+        r = tcemu.probe(args.arch, fmt, instruction=args.instruction, model=model)
+        preset = resolve_model(parse(r.instruction), None, arch)
+        want = expected(preset, r.instruction)
+        print(f"{fmt} inputs: {r.instruction}")
+        keys = ["fraction_bits", None, "accumulator_bits", "block_size", "block_order", "rounding",
+                "normalized_products", "addend", "subnormal_inputs", "subnormal_outputs"]
+        for (name, val), key in zip(r.rows(), keys):
+            note = ""
+            if key is not None:
+                got, exp = getattr(r, key), want[key]
+                measurable = not (got is None and key in ("addend", "block_order"))
+                if measurable and got != exp:
+                    note = f"   <-- differs from the {args.arch} preset ({exp})"
+                    mismatches += 1
+            print(f"   {name:40s} {'-' if val is None else val!s:>14s}{note}")
+        print()
+    if model is not None:
+        print(f"{mismatches} feature(s) of your model differ from the {args.arch} preset" if mismatches else
+              f"your model has every measured feature of the {args.arch} preset")
+    else:
+        print("every measured feature equals the preset" if not mismatches else f"{mismatches} mismatch(es)")
+    return 1 if mismatches else 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="tcemu", description="Bit-exact NVIDIA tensor-core emulation")
     sub = ap.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="register-level walk-through and accumulation error per GPU")
-    d.add_argument("--k", type=int, default=4096, help="length of the dot products (multiple of 16)")
-    d.add_argument("--m", type=int, default=32, help="rows/columns of the product")
+    d.add_argument("--kmax", type=int, default=16384, help="longest dot product (K = 16, 32, ... up to this)")
+    d.add_argument("--outputs", type=int, default=512, help="dot products per configuration")
+    d.add_argument("--out", default="tcemu_demo", help="prefix of the PNG and CSV written")
     lay = sub.add_parser("layout", help="print which lane/register holds each element of a fragment")
     lay.add_argument("spelling")
     lay.add_argument("--arch", default="sm_90")
     lay.add_argument("--matrix", default="a", choices="abcd", help="operand of an MMA spelling")
     lay.add_argument("--png", help="draw the layout into this PNG file (needs matplotlib)")
+    pr = sub.add_parser("probe", help="feature tests of an MMA: alignment bits, block size, rounding, ...")
+    pr.add_argument("--arch", default="H100", help="GPU name or sm_XX whose preset is probed / compared")
+    pr.add_argument("--format", choices=["f16", "bf16", "tf32", "e4m3", "e5m2"], help="input format (default: all)")
+    pr.add_argument("--instruction", help="MMA spelling to probe (f32 C/D; default: what GEMMs use)")
+    pr.add_argument("--model", help='a BlockFMA to probe instead of the preset, e.g. "fraction_bits=24,block_size=16"')
     args = ap.parse_args(argv)
-    return {"demo": demo, "layout": layout}[args.cmd](args)
+    try:
+        return {"demo": demo, "layout": layout, "probe": probe}[args.cmd](args)
+    except (ValueError, NotImplementedError) as e:  # bad spellings, models, architectures
+        ap.exit(2, f"tcemu {args.cmd}: error: {e}\n")
 
 
 if __name__ == "__main__":

@@ -45,7 +45,8 @@ BAD_SPELLINGS = [
     ("mma.sync.aligned.m16n8k16.row.col.f32.tf32.tf32.f32", "valid for tf32"),
     ("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f16", "not a valid mma.sync type"),
     ("wgmma.mma_async.sync.aligned.m64n8k16.f32.e4m3.e4m3", "K = 32"),
-    ("ldmatrix.sync.aligned.m8n8.x4.shared.b16", "unsupported instruction"),
+    ("cp.async.ca.shared.global.b16", "unsupported instruction"),
+    ("ldmatrix.sync.aligned.m8n8.x3.shared.b16", "valid"),
 ]
 
 

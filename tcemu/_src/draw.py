@@ -66,3 +66,40 @@ def draw_fragment(frag: Fragment, title: str = "", path=None):
     if path is not None:
         fig.savefig(path, dpi=110)
     return fig
+
+
+def plot_error_curves(curves, path=None, *, title="Relative error against float64 as K grows", baselines=()):
+    """Log-log plot of :class:`~tcemu._src.studies.ErrorCurve` s (max as lines, mean dashed),
+    one panel per input format; ``baselines`` (fp32 chains) drawn in grey. Returns the figure."""
+    plt = _plt()
+    fmts = []
+    for c in list(curves) + list(baselines):
+        f = c.fmt
+        if f not in fmts:
+            fmts.append(f)
+    cols = min(2, len(fmts))
+    rows = -(-len(fmts) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.8 * rows), squeeze=False, sharey=True)
+    pos = lambda v: np.where(np.asarray(v) > 0, v, np.nan)  # noqa: E731  (exact results: no point)
+    for ax, f in zip(axes.flat, fmts):
+        for c in curves:
+            if c.fmt != f:
+                continue
+            (line,) = ax.loglog(c.k, pos(c.max_rel), "o-", ms=3, label=c.label)
+            ax.loglog(c.k, pos(c.mean_rel), "--", color=line.get_color(), lw=0.8)
+        for c in baselines:
+            if c.fmt == f:
+                ax.loglog(c.k, pos(c.max_rel), "o-", ms=2, color="0.6", label="fp32 FMA chain")
+        ax.set_title(f"{f} inputs")
+        ax.set_xlabel("K (dot-product length)")
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in axes.flat[len(fmts):]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("relative error (max solid, mean dashed)")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig

@@ -1,0 +1,246 @@
+"""Feature detection: find a tensor core's accumulation parameters by treating an MMA as a black box.
+
+The tests follow Fasi, Higham, Mikaitis & Pranesh (PeerJ CS 2021) and the "generalized numerical
+feature tests" of Khattak & Mikaitis (arXiv 2512.07004): single dot products ``c + sum a_k b_k``
+whose inputs are chosen so that each feature changes the result. Everything is measured through
+``tcemu.mma`` (chained instructions for long dot products), so the probe runs unchanged on an
+architecture preset or on a user's :class:`tcemu.BlockFMA`, and recovers the parameters of either.
+
+    >>> import tcemu
+    >>> r = tcemu.probe("V100")
+    >>> (r.fraction_bits, r.block_size, r.rounding)
+    (23, 4, 'rz')
+
+What is measured (X is a power of two, 2**16, or 2.25 = 1.5 * 1.5 when a carry bit is needed):
+
+* ``fraction_bits`` (F): X - X + 2**-j * X in one block gives 2**-j * X exactly when the tiny
+  product survives the alignment to X's exponent (j <= F), and 0 when it is truncated.
+* ``accumulator_bits``: 2.25 + 2**-k is exact after a block's rounding when 2**-k is at least an
+  ulp of the accumulator: float32 gives 23, Hopper/Ada fp8 13.
+* ``block_size`` / ``block_order``: X at k = 0, a small s at k = 1 (kept by the alignment but lost
+  when X + s is rounded into the accumulator) and -X at k = p give s when p shares the fused block
+  of k = 0 and 0 otherwise; the set of such p is the first block.
+* ``rounding``: 2.25 plus 1.25, 1.5 and 1.75 accumulator ulps, both signs, identifies RZ, RNE, RNA,
+  RU, RD (quarter ulps need F >= accumulator bits + 1, halves F >= accumulator bits).
+* ``normalized_products``: 1.5 * 1.5 - 1.5 * 1.5 + 2**-F keeps the tiny term only when products
+  are aligned on their unnormalised exponent.
+* ``addend``: C = -X with products X and s: s survives only when C joins the first block.
+* ``subnormal_inputs`` / ``subnormal_outputs``.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+from tcemu._src.isa.parse import parse
+from tcemu._src.studies import default_instruction
+
+_DT = {"f16": np.float16, "bf16": ml_dtypes.bfloat16, "tf32": np.float32, "e4m3": ml_dtypes.float8_e4m3fn,
+       "e5m2": ml_dtypes.float8_e5m2}
+_MIN_SUB = {"f16": -24, "bf16": -133, "tf32": -136, "e4m3": -9, "e5m2": -16}
+_MAX_EXP = 40  # largest j / k tried
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeResult:
+    instruction: str
+    fraction_bits: int | None  # None: no truncation seen up to 2**-40
+    accumulator_bits: int | None
+    block_size: int | None  # products in the block of k = 0 (None: undetermined)
+    block_order: tuple[int, ...] | None  # positions sharing k = 0's block, when not 0..L-1
+    rounding: str  # rz, rne, rna, ru, rd, or "undetermined"
+    normalized_products: bool | None
+    addend: str | None  # "first" or "last"
+    subnormal_inputs: bool
+    subnormal_outputs: bool
+
+    def rows(self):
+        return [("fraction bits kept in alignment (F)", self.fraction_bits),
+                ("extra alignment bits (F - 23)", None if self.fraction_bits is None else self.fraction_bits - 23),
+                ("accumulator fraction bits", self.accumulator_bits),
+                ("fused block size", self.block_size),
+                ("block order", "consecutive" if self.block_order is None else f"k in {list(self.block_order)} first"),
+                ("rounding of block results", self.rounding),
+                ("products normalised before alignment", self.normalized_products),
+                ("C enters", "not measurable" if self.addend is None else "with the first block"
+                 if self.addend == "first" else "after the products"),
+                ("subnormal inputs kept", self.subnormal_inputs),
+                ("subnormal outputs kept", self.subnormal_outputs)]
+
+
+class _Box:
+    """Batched single dot products through ``tcemu.mma`` (instructions chained along K)."""
+
+    def __init__(self, spelling, arch, model, mma):
+        self.ins = parse(spelling)
+        if self.ins.dtype != "f32" or self.ins.ctype != "f32":
+            raise ValueError(f"probe needs an instruction with f32 C and D, got {spelling!r}")
+        if self.ins.family not in ("f16", "bf16", "tf32", "fp8"):
+            raise ValueError(f"probe measures floating-point MMAs with f16/bf16/tf32/fp8 inputs, got {spelling!r}")
+        if mma is None:
+            from tcemu._src.api import mma as emulated
+
+            def mma(sp, a, b, c):
+                return emulated(sp, a, b, c, arch=arch, model=model)
+
+        self.spelling, self.mma = spelling, mma
+        self.fmts = (self.ins.atype, self.ins.btype)
+        self.min_sub = max(_MIN_SUB[f] for f in self.fmts)  # smallest subnormal in both formats
+
+    def value(self, x):
+        """Is x exactly representable in the input format? Returns the float (raises if not)."""
+        for f in self.fmts:
+            if f != "tf32" and float(np.asarray(x, dtype=_DT[f]).astype(np.float64)) != x:
+                raise ValueError(f"{x} is not exact in {f}")
+        v = float(x)
+        return v
+
+    def pair(self, exp):
+        """Two input values whose product is 2**exp."""
+        lo, hi = exp // 2, exp - exp // 2
+        return self.value(2.0 ** hi), self.value(2.0 ** lo)
+
+    def run(self, cases):
+        """cases: list of (dict position -> (a, b), c). Returns float64 results."""
+        K = self.ins.k
+        n = max(max(p for p in pos) for pos, _ in cases) + 1
+        steps = -(-n // K)
+        B = len(cases)
+        A = np.zeros((B, steps, self.ins.m, K), np.float64)
+        Bm = np.zeros((B, steps, K, self.ins.n), np.float64)
+        for i, (pos, _) in enumerate(cases):
+            for p, (x, y) in pos.items():
+                A[i, p // K, 0, p % K] = x
+                Bm[i, p // K, p % K, 0] = y
+        d = np.zeros((B, self.ins.m, self.ins.n), np.float32)
+        d[:, 0, 0] = [c for _, c in cases]
+        dta, dtb = _DT[self.fmts[0]], _DT[self.fmts[1]]
+        d = jnp.asarray(d)
+        for s in range(steps):
+            d = jnp.asarray(self.mma(self.spelling, jnp.asarray(A[:, s].astype(dta)), jnp.asarray(Bm[:, s].astype(dtb)), d),
+                            jnp.float32)
+        return np.asarray(d[:, 0, 0], np.float64)
+
+
+def probe(arch="H100", fmt: str | None = None, *, instruction=None, model=None, mma=None) -> ProbeResult:
+    """Measure the accumulation features of ``instruction`` (default: the format's usual MMA on
+    ``arch``; ``fmt`` defaults to f16) under the ``arch`` preset or a user ``model``
+    (:class:`tcemu.BlockFMA`).
+
+    ``mma``: any function ``mma(spelling, a, b, c) -> d`` with the value-level signature of
+    :func:`tcemu.mma` (typed, batched arrays) to probe instead of the emulator, for example one
+    that runs the instruction on a GPU (``experiments/hardware/probe_hw.py``).
+    """
+    if instruction is not None and fmt is not None and parse(instruction).atype != fmt:
+        raise ValueError(f"{instruction!r} takes {parse(instruction).atype} inputs, not {fmt}")
+    sp = instruction or default_instruction(arch, fmt or "f16")
+    box = _Box(sp, arch, model, mma)
+    e1 = 14 if "e4m3" in box.fmts else 16  # X = 2**e1, a product of two normal numbers
+    X = box.pair(e1)
+    negX = (-X[0], X[1])
+    K_total = 4 * box.ins.k
+
+    def tiny(j):
+        return box.pair(e1 - j)
+
+    # F: X, -X and a tiny product in one block; the block is unknown, so take the smallest j_max
+    # over placements of the tiny term (a placement in another block truncates nothing)
+    js = [j for j in range(1, _MAX_EXP + 1) if e1 - j >= 2 * box.min_sub + 2]
+    places = (2, 3, 4)
+    cases = [({0: X, 1: negX, q: tiny(j)}, 0.0) for q in places for j in js]
+    res = box.run(cases).reshape(len(places), len(js))
+    kept = res == np.array([2.0 ** (e1 - j) for j in js])[None]
+    j_max = [max([j for j, k in zip(js, row) if k], default=0) for row in kept]
+    F = min(j_max)
+    F = None if F == js[-1] else F
+    Fe = F if F is not None else _MAX_EXP
+    # normalisation: 1.5*1.5 - 1.5*1.5 + 2**-F (positions 0, 1 and the placement that set F)
+    q = places[int(np.argmin(j_max))]
+    # the carry form: W = 1.5 * 1.5 * 2**S (significand 2.25, unnormalised exponent S)
+    S = e1 - 2
+    c15 = box.value(1.5 * 2.0 ** (S // 2))
+    W = 2.25 * 2.0 ** S
+    norm_case = ({0: (c15, c15), 1: (-c15, c15), q: box.pair(S - Fe)}, 0.0)
+    # accumulator precision: W + 2**-k W after one block
+    ks = list(range(1, min(Fe, _MAX_EXP) + 1))
+    acc_cases = [({0: (c15, c15), 1: box.pair(S - k)}, 0.0) for k in ks]
+    # addend placement (below, once the accumulator precision is known)
+    # subnormals
+    sub_in = ({0: (box.value(2.0 ** box.min_sub), box.value(1.0))}, 0.0)
+    sub_out = ({0: (0.0, 0.0)}, float(np.float32(2.0 ** -130)))  # subnormal in f32 and e8m13
+    r = box.run([norm_case] + acc_cases + [sub_in, sub_out])
+    normalized = bool(r[0] == 0.0)
+    acc_ok = [k for k, v in zip(ks, r[1:1 + len(ks)]) if v == W + 2.0 ** (S - k)]
+    acc_bits = max(acc_ok) + 1 if acc_ok and max(acc_ok) < min(Fe, _MAX_EXP) else None
+    # C = -X with products X and s = 2**-(acc+1) * X: s is kept only if C joins the first block
+    # (alignment keeps it when acc + 1 <= F; rounding X + s into the accumulator loses it)
+    addend = None
+    if acc_bits is not None and acc_bits + 1 <= Fe:
+        t = box.run([({0: X, 1: tiny(acc_bits + 1)}, -float(np.float32(X[0] * X[1])))])[0]
+        addend = "first" if t == 2.0 ** (e1 - acc_bits - 1) else "last" if t == 0.0 else None
+    subnormal_inputs = bool(r[-2] == 2.0 ** box.min_sub)
+    subnormal_outputs = bool(r[-1] == 2.0 ** -130)
+    # block structure: X (carry form 2.25 * 2**e) at 0, s at 1, -X at p
+    L, order = None, None
+    if acc_bits is not None:
+        shift = 1 if normalized else 0
+        jb = min(Fe - shift, acc_bits + 1)  # s = 2**-jb: kept by alignment, lost in X + s rounding
+        if jb >= acc_bits:
+            s = box.pair(S - jb)
+            cases = [({0: (c15, c15), 1: s, p: (-c15, c15)}, 0.0) for p in range(2, K_total)]
+            same = box.run(cases) == 2.0 ** (S - jb)
+            first = [0, 1] + [p for p, v in zip(range(2, K_total), same) if v]
+            if first == [0, 1] and F is None:
+                pass  # blocks of at most 2, or a correctly rounded FMA chain: not told apart here
+            elif first == list(range(len(first))):
+                L = len(first)
+            else:
+                L, order = len(first), tuple(first)
+    rounding = "undetermined"
+    if acc_bits is not None and Fe - (1 if normalized else 0) >= acc_bits:
+        ulp = 2.0 ** (S + 1 - acc_bits)
+        quarters = Fe - (1 if normalized else 0) >= acc_bits + 1
+        fracs = (1.25, 1.5, 1.75) if quarters else (1.5,)
+        cases = []
+        for sign in (1.0, -1.0):
+            for f in fracs:
+                parts = {0: (sign * c15, c15)}
+                rem, pos = f * ulp, 1
+                while rem > 0:  # f * ulp as a sum of powers of two, each a product
+                    e = int(np.floor(np.log2(rem)))
+                    parts[pos] = (sign * box.pair(e)[0], box.pair(e)[1])
+                    rem -= 2.0 ** e
+                    pos += 1
+                cases.append((parts, 0.0))
+        got = box.run(cases)
+        ulps = np.round((np.abs(got) - W) / ulp).astype(int).reshape(2, len(fracs))
+        table = {  # (positive, negative) ulps above 2.25 in magnitude for 1.25, 1.5, 1.75 (or 1.5)
+            "rz": ((1, 1, 1), (1, 1, 1)), "rne": ((1, 2, 2), (1, 2, 2)), "rna": ((1, 2, 2), (1, 2, 2)),
+            "ru": ((2, 2, 2), (1, 1, 1)), "rd": ((1, 1, 1), (2, 2, 2))}
+        for name, (pos, neg) in table.items():
+            sel = slice(None) if quarters else slice(1, 2)
+            if tuple(ulps[0]) == pos[sel] and tuple(ulps[1]) == neg[sel]:
+                rounding = name
+                break
+        if rounding in ("rne", "rna"):  # a tie at an even accumulator ulp: 2.25 + 0.5 ulp
+            tie = {0: (c15, c15), 1: box.pair(S - acc_bits)}
+            t = box.run([(tie, 0.0)])[0]
+            rounding = "rne" if t == W else "rna" if t == W + ulp else "undetermined"
+    return ProbeResult(sp, F, acc_bits, L, order, rounding, normalized, addend, subnormal_inputs, subnormal_outputs)
+
+
+def expected(model, instruction: str) -> dict:
+    """What :func:`probe` should find for a :class:`tcemu.BlockFMA` on an instruction."""
+    ins = parse(instruction)
+    L = min(model.block_size, ins.k) if model.block_order is None else model.block_size
+    order = None
+    if model.block_order is not None:
+        blk = [k for k in model.block_order if k < ins.k][:model.block_size]
+        order = tuple(sorted(blk)) if sorted(blk) != list(range(len(blk))) else None
+    return {"fraction_bits": model.fraction_bits, "accumulator_bits": model.accumulator_fraction_bits,
+            "block_size": L, "block_order": order, "rounding": model.rounding,
+            "normalized_products": model.normalize_products, "addend": model.addend,
+            "subnormal_inputs": model.subnormal_inputs, "subnormal_outputs": model.subnormal_outputs}

@@ -1,0 +1,159 @@
+"""Accumulation error as a dot product grows: one chained MMA per configuration, checkpointed.
+
+    >>> import tcemu
+    >>> r = tcemu.error_vs_k("bf16", "H100", ks=(16, 256, 4096))
+    >>> [f"{e:.1e}" for e in r.max_rel]   # doctest: +SKIP
+    ['6.0e-08', '5.3e-07', '7.9e-06']
+
+A long dot product on a GPU is a chain of MMA instructions along K (each instruction's D is the
+next one's C), which is what every GEMM kernel does per output tile. :func:`error_vs_k` runs that
+chain once up to the largest K and records the result after every instruction, so the whole curve
+costs one K_max-long run; errors are relative to float64 on the same (quantised) inputs.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+from tcemu._src import formats as fm
+from tcemu._src.isa.parse import parse
+from tcemu._src.numerics import engine
+
+DTYPES = {"f16": np.float16, "bf16": ml_dtypes.bfloat16, "tf32": np.float32,
+          "e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
+DISTRIBUTIONS = ("uniform", "normal")
+
+
+def default_instruction(arch, fmt: str) -> str:
+    """The MMA a GEMM on ``arch`` uses for inputs of ``fmt`` (f32 accumulation)."""
+    from tcemu._src.arch import resolve
+
+    sm = resolve(arch).sm
+    if fmt == "f16":
+        if sm < 75:
+            return "wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32"
+        return "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32" if sm < 80 else \
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+    if fmt == "bf16":
+        return "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+    if fmt == "tf32":
+        return "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
+    if fmt in ("e4m3", "e5m2"):
+        if sm == 90:  # Hopper FP8 GEMMs (cuBLAS, DeepGEMM) run wgmma
+            return f"wgmma.mma_async.sync.aligned.m64n8k32.f32.{fmt}.{fmt}"
+        return f"mma.sync.aligned.m16n8k32.row.col.f32.{fmt}.{fmt}.f32"
+    raise ValueError(f"unknown input format {fmt!r}; valid: {sorted(DTYPES)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ErrorCurve:
+    """Relative errors against float64 of ``outputs`` dot products at each length ``k``."""
+
+    label: str
+    fmt: str
+    instruction: str
+    k: tuple[int, ...]
+    max_rel: tuple[float, ...]
+    mean_rel: tuple[float, ...]
+
+
+def sample(fmt: str, shape, dist: str = "uniform", seed: int = 0) -> np.ndarray:
+    """Random inputs exactly representable in ``fmt`` (as a typed array; tf32 as float32)."""
+    if dist not in DISTRIBUTIONS:
+        raise ValueError(f"unknown distribution {dist!r}; valid: {DISTRIBUTIONS}")
+    rng = np.random.default_rng(seed)
+    x = rng.random(shape) if dist == "uniform" else rng.standard_normal(shape)
+    x = x.astype(np.float32)
+    if fmt == "tf32":
+        bits = engine.convert(jnp.asarray(x).view(jnp.uint32), fm.F32, fm.TF32, "rne")
+        return np.asarray(bits).view(np.float32)
+    return x.astype(DTYPES[fmt])
+
+
+def error_vs_k(fmt: str = "f16", arch="H100", ks=tuple(2 ** i for i in range(4, 15)), *, instruction=None,
+               model=None, outputs: int = 512, dist: str = "uniform", seed: int = 0,
+               promotion_interval: int | None = None, label: str | None = None) -> ErrorCurve:
+    """Error of ``outputs`` emulated dot products of each length in ``ks`` (multiples of the
+    instruction's K; smaller ones are skipped) against float64.
+
+    ``instruction`` defaults to :func:`default_instruction`; ``model`` replaces the preset.
+    ``promotion_interval`` (a multiple of the instruction's K): every that many products the
+    chain's partial sum is added into a float32 total with one RNE addition and the chain
+    restarts from zero (DeepSeek-V3's fix for Hopper FP8 accumulation).
+    """
+    sp = instruction or default_instruction(arch, fmt)
+    ins = parse(sp)
+    if ins.atype != fmt:
+        raise ValueError(f"{sp!r} takes {ins.atype} inputs, not {fmt}")
+    if ins.dtype != "f32":
+        raise ValueError(f"error_vs_k needs an instruction with f32 D, got {sp!r}")
+    ks = sorted(k for k in ks if k % ins.k == 0)
+    if not ks:
+        raise ValueError(f"no length in ks is a multiple of the instruction's K = {ins.k}")
+    steps = ks[-1] // ins.k
+    if promotion_interval is not None and (promotion_interval % ins.k or promotion_interval <= 0):
+        raise ValueError(f"promotion_interval must be a positive multiple of K = {ins.k}")
+    g = None if promotion_interval is None else promotion_interval // ins.k
+    tiles = max(1, -(-outputs // (ins.m * ins.n)))
+    a = sample(fmt, (tiles, ins.m, ks[-1]), dist, seed)
+    b = sample(fmt, (tiles, ks[-1], ins.n), dist, seed + 1)
+    a_s = jnp.asarray(a.reshape(tiles, ins.m, steps, ins.k).transpose(2, 0, 1, 3))  # (steps, T, m, k)
+    b_s = jnp.asarray(b.reshape(tiles, steps, ins.k, ins.n).transpose(1, 0, 2, 3))
+
+    from tcemu._src.api import mma
+
+    def f32_add(x, y):
+        bits = engine.add(jax.lax.bitcast_convert_type(x, jnp.uint32), jax.lax.bitcast_convert_type(y, jnp.uint32))
+        return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+    @jax.jit
+    def run(a_s, b_s):
+        zero = jnp.zeros((tiles, ins.m, ins.n), jnp.float32)
+
+        def step(carry, x):
+            d, total, i = carry
+            d = mma(sp, x[0], x[1], d, arch=arch, model=model)
+            if g is None:
+                return (d, total, i + 1), d
+            out = f32_add(total, d)
+            done = (i + 1) % g == 0
+            return (jnp.where(done, zero, d), jnp.where(done, out, total), i + 1), out
+
+        return jax.lax.scan(step, (zero, zero, jnp.int32(0)), (a_s, b_s))[1]
+
+    got = np.asarray(run(a_s, b_s), np.float64)  # (steps, T, m, n)
+    parts = np.einsum("tmsk,tskn->stmn", a.astype(np.float64).reshape(tiles, ins.m, steps, ins.k),
+                      b.astype(np.float64).reshape(tiles, steps, ins.k, ins.n))
+    ref = np.cumsum(parts, axis=0)
+    mx, mn = [], []
+    for k in ks:
+        i = k // ins.k - 1
+        rel = np.abs(got[i] - ref[i]) / np.maximum(np.abs(ref[i]), np.finfo(np.float64).tiny)
+        mx.append(float(rel.max()))
+        mn.append(float(rel.mean()))
+    name = label or f"{arch} {fmt}" + ("" if g is None else f" + promotion/{promotion_interval}")
+    return ErrorCurve(name, fmt, sp, tuple(ks), tuple(mx), tuple(mn))
+
+
+def fp32_chain_error(fmt: str = "f16", ks=tuple(2 ** i for i in range(4, 15)), *, outputs: int = 512,
+                     dist: str = "uniform", seed: int = 0) -> ErrorCurve:
+    """The same dot products summed one product at a time in float32 with round-to-nearest (an
+    FMA chain on CUDA cores; products of these formats are exact in float32)."""
+    ks = sorted(ks)
+    rows = max(1, int(np.sqrt(outputs)))
+    cols = -(-outputs // rows)
+    a = sample(fmt, (rows, ks[-1]), dist, seed).astype(np.float32)
+    b = sample(fmt, (ks[-1], cols), dist, seed + 1).astype(np.float32)
+    prods = a[:, :, None] * b[None, :, :]  # exact
+    acc = np.cumsum(prods, axis=1, dtype=np.float32)  # sequential float32 additions
+    ref = np.cumsum(prods.astype(np.float64), axis=1)
+    mx, mn = [], []
+    for k in ks:
+        rel = np.abs(acc[:, k - 1].astype(np.float64) - ref[:, k - 1]) / np.abs(ref[:, k - 1])
+        mx.append(float(rel.max()))
+        mn.append(float(rel.mean()))
+    return ErrorCurve(f"fp32 FMA chain ({fmt} inputs)", fmt, "fma.rn.f32", tuple(ks), tuple(mx), tuple(mn))

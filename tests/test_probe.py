@@ -1,0 +1,111 @@
+"""tcemu.probe: the feature tests recover every preset's parameters, flag a wrong custom model,
+recover random custom models, and find on the emulator what they found on the H200's tensor cores
+(tests/data/probe_sm90.json, from experiments/hardware/probe_hw.py)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import strategies as st
+
+import tcemu
+from tcemu.__main__ import main
+from tcemu._src.arch import resolve
+from tcemu._src.isa.parse import parse
+from tcemu._src.numerics.mma import resolve_model
+from tcemu._src.probe import expected
+
+DATA = Path(__file__).parent / "data"
+
+# every (GPU, instruction) whose numerics a preset defines, one per distinct model
+PRESET_CASES = [
+    ("V100", "wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32"),
+    ("V100", "mma.sync.aligned.m8n8k4.row.col.f32.f16.f16.f32"),
+    ("T4", "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32"),
+    ("A100", "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"),
+    ("A100", "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"),
+    ("A100", "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"),
+    ("L40S", "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"),
+    ("H100", "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"),
+    ("H100", "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"),
+    ("H100", "wmma.mma.sync.aligned.row.col.m16n16k8.f32.tf32.tf32.f32"),
+    ("H100", "wgmma.mma_async.sync.aligned.m64n8k8.f32.tf32.tf32"),
+    ("H100", "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e5m2.f32"),
+    ("H100", "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3"),
+    ("H100", "wgmma.mma_async.sync.aligned.m64n8k32.f32.e5m2.e5m2"),
+    ("B200", "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"),
+    ("B200", "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"),
+    ("B200", "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"),
+]
+
+
+def _check(r: tcemu.ProbeResult, want: dict):
+    for key, v in want.items():
+        got = getattr(r, key)
+        if got is None and key == "addend":
+            # C's block shows only when the alignment keeps bits the accumulator loses
+            assert r.fraction_bits <= r.accumulator_bits, r
+            continue
+        assert got == v, (key, got, v)
+
+
+@pytest.mark.parametrize("arch,spelling", PRESET_CASES)
+def test_probe_recovers_preset(arch, spelling):
+    r = tcemu.probe(arch, instruction=spelling)
+    _check(r, expected(resolve_model(parse(spelling), None, resolve(arch)), spelling))
+
+
+def test_probe_matches_h200_tensor_cores():
+    """The same probe, run on the H200 through experiments/hardware/probe_hw.py, found these."""
+    hw = json.loads((DATA / "probe_sm90.json").read_text())
+    assert len(hw) == 7
+    for spelling, res in hw.items():
+        r = dataclasses.asdict(tcemu.probe("sm_90", instruction=spelling))
+        want = res["hardware"]
+        want["block_order"] = None if want["block_order"] is None else tuple(want["block_order"])
+        assert r == want, spelling
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+          phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(F=st.integers(23, 28), L=st.sampled_from([4, 8, 16]), rounding=st.sampled_from(["rz", "rne", "rna", "ru", "rd"]),
+       normalize=st.booleans())
+@example(F=24, L=4, rounding="rna", normalize=False)
+@example(F=23, L=8, rounding="ru", normalize=True)
+def test_probe_recovers_custom_models(F, L, rounding, normalize):
+    m = tcemu.BlockFMA(fraction_bits=F, block_size=L, rounding=rounding, normalize_products=normalize)
+    sp = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+    r = tcemu.probe("H100", instruction=sp, model=m)
+    want = expected(m, sp)
+    if F - normalize < 23:  # the rounding and block tests need bits the accumulator does not keep
+        assert r.rounding == "undetermined" and r.block_size is None
+        want.pop("rounding")
+        want.pop("block_size")
+    _check(r, want)
+
+
+def test_probe_cli_flags_a_wrong_model(capsys):
+    assert main(["probe", "--arch", "H100", "--format", "f16", "--model", "fraction_bits=24,block_size=16"]) == 1
+    out = capsys.readouterr().out
+    assert "24   <-- differs from the H100 preset (25)" in out
+    assert "1 feature(s) of your model differ" in out
+    assert main(["probe", "--arch", "H100", "--format", "bf16", "--model", "fraction_bits=25,block_size=8,rounding=rne"]) == 1
+    out = capsys.readouterr().out
+    assert "differs from the H100 preset (16)" in out and "differs from the H100 preset (rz)" in out
+
+
+def test_probe_cli_preset_and_errors(capsys):
+    assert main(["probe", "--arch", "A100", "--format", "tf32"]) == 0
+    out = capsys.readouterr().out
+    assert "fused block size" in out and "every measured feature equals the preset" in out
+    with pytest.raises(SystemExit) as e:
+        main(["probe", "--model", "bogus=1"])
+    assert e.value.code == 2
+    assert "unknown field 'bogus'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="takes f16 inputs, not bf16"):
+        tcemu.probe("H100", "bf16", instruction="mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32")
+    with pytest.raises(ValueError, match="f32 C and D"):
+        tcemu.probe("H100", instruction="mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16")
