@@ -94,10 +94,9 @@ def run(steps=300, out=None, configs=None, log_every=10):
 
 
 def plot(results, path=None):
-    import matplotlib
+    from tcemu._src.draw import _plt
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _plt()
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [2, 1]})
     for name, r in results.items():

@@ -58,15 +58,20 @@ def test_probe_recovers_preset(arch, spelling):
     _check(r, expected(resolve_model(parse(spelling), None, resolve(arch)), spelling))
 
 
-def test_probe_matches_h200_tensor_cores():
+H200 = json.loads((DATA / "probe_sm90.json").read_text())
+
+
+def test_hardware_probe_covers_mma_sync_and_wgmma():
+    assert len(H200) == 12 and sum(sp.startswith("wgmma") for sp in H200) == 5
+
+
+@pytest.mark.parametrize("spelling", sorted(H200))
+def test_probe_matches_h200_tensor_cores(spelling):
     """The same probe, run on the H200 through experiments/hardware/probe_hw.py, found these."""
-    hw = json.loads((DATA / "probe_sm90.json").read_text())
-    assert len(hw) == 7
-    for spelling, res in hw.items():
-        r = dataclasses.asdict(tcemu.probe("sm_90", instruction=spelling))
-        want = res["hardware"]
-        want["block_order"] = None if want["block_order"] is None else tuple(want["block_order"])
-        assert r == want, spelling
+    r = dataclasses.asdict(tcemu.probe("sm_90", instruction=spelling))
+    want = dict(H200[spelling]["hardware"])
+    want["block_order"] = None if want["block_order"] is None else tuple(want["block_order"])
+    assert r == want
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow],

@@ -5,7 +5,8 @@
 ``tcemu.probe(..., mma=f)`` accepts any function with the value-level signature of ``tcemu.mma``;
 here ``f`` packs the matrices into registers with the PTX fragment layouts (checked bit for bit
 against this GPU by tests/test_mma_sync_hw.py), runs the mma.sync kernel of ``kernels.py`` once per
-chained instruction, and unpacks D. Writes ``probe_sm90.json`` (the hardware's and the emulator's
+chained instruction, and unpacks D; wgmma forms run the warpgroup kernel of ``wgmma.py`` (A from
+registers, B from shared memory through a descriptor; layouts checked by tests/test_wgmma_hw.py). Writes ``probe_sm90.json`` (the hardware's and the emulator's
 ProbeResult per instruction); tests/test_probe.py compares the emulator with it.
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ import kernels as Kn  # noqa: E402
 from capture import Gpu, _pack_slots  # noqa: E402
 
 import tcemu  # noqa: E402
+import tcemu._src.studies  # noqa: E402
 from tcemu._src import formats as fm  # noqa: E402
 
 INSTRUCTIONS = [
@@ -37,6 +39,11 @@ INSTRUCTIONS = [
     "mma.sync.aligned.m16n8k4.row.col.f32.tf32.tf32.f32",
     "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32",
     "mma.sync.aligned.m16n8k32.row.col.f32.e5m2.e5m2.f32",
+    "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16",
+    "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16",
+    "wgmma.mma_async.sync.aligned.m64n8k8.f32.tf32.tf32",
+    "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3",
+    "wgmma.mma_async.sync.aligned.m64n8k32.f32.e5m2.e5m2",
 ]
 
 
@@ -70,17 +77,56 @@ def hardware_mma(gpu):
     return run
 
 
+def hardware_wgmma(gpu):
+    """``mma(spelling, a, b, c) -> d`` on the GPU, for the f32-accumulator forms of ``wgmma.py``."""
+    import wgmma as W
+
+    forms = {W.spelling(d, a, K): (d, a, K, bits, na, nd) for d, a, K, bits, na, nd in W.FORMS if d == "f32"}
+
+    def run(spelling, a, b, c):
+        d, at, K, bits, na, nd = forms[spelling]
+        A, B = (np.asarray(fm.to_bits(x, at)) for x in (a, b))
+        C = np.asarray(c, np.float32).view(np.uint32)
+        T = A.shape[0]
+        ac, dc = W.a_coords(K, bits), W.d_coords(nd)
+        a_regs = W.pack_regs(A[:, ac[..., 0], ac[..., 1]], bits, na)
+        c_regs = W.pack_regs(C[:, dc[..., 0], dc[..., 1]], 32, nd)
+        bimg = np.stack([W.b_image(B[t], bits) for t in range(T)])
+        d_regs = np.zeros((T, 128, nd), np.uint32)
+        (d_regs,) = gpu.run(W.kname(d, at, K), T, [a_regs.ravel(), c_regs.ravel(), bimg.ravel(), d_regs.ravel()],
+                            [3], threads=128)
+        out = np.zeros((T, 64, 8), np.uint32)
+        out[:, dc[..., 0], dc[..., 1]] = d_regs.reshape(T, 128, nd)
+        return out.view(np.float32)
+
+    return run
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    gpu = Gpu(Path(tempfile.mkdtemp()))
-    hw = hardware_mma(gpu)
+    import wgmma as W
+
+    build = Path(tempfile.mkdtemp())
+    hw, hw_wg = hardware_mma(Gpu(build)), hardware_wgmma(W.Gpu(build))
     results = {}
+    rng = np.random.default_rng(7)
+    for sp in INSTRUCTIONS:  # the packing: random inputs give tcemu.mma's bits
+        ins = tcemu._src.isa.parse.parse(sp)
+        dt = tcemu._src.studies.DTYPES[ins.atype]
+        a = rng.standard_normal((8, ins.m, ins.k)).astype(np.float32).astype(dt)
+        b = rng.standard_normal((8, ins.k, ins.n)).astype(np.float32).astype(dt)
+        if ins.atype == "tf32":
+            a, b = (tcemu.quantize(x, "tf32") for x in (a, b))
+        c = rng.standard_normal((8, ins.m, ins.n)).astype(np.float32)
+        d_hw = (hw_wg if sp.startswith("wgmma") else hw)(sp, a, b, c)
+        same = np.array_equal(d_hw.view(np.uint32), np.asarray(tcemu.mma(sp, a, b, c, arch="sm_90")).view(np.uint32))
+        print(f"{sp}: random inputs, hardware bits == tcemu.mma: {same}")
     for sp in INSTRUCTIONS:
-        r_hw = tcemu.probe("sm_90", instruction=sp, mma=hw)
+        r_hw = tcemu.probe("sm_90", instruction=sp, mma=hw_wg if sp.startswith("wgmma") else hw)
         r_emu = tcemu.probe("sm_90", instruction=sp)
         results[sp] = {"hardware": dataclasses.asdict(r_hw), "emulator": dataclasses.asdict(r_emu)}
         same = r_hw == r_emu

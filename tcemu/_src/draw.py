@@ -7,6 +7,9 @@
 """
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 
 from tcemu._src.layouts.fragment import Fragment
@@ -16,7 +19,8 @@ def _plt():
     try:
         import matplotlib
 
-        matplotlib.use("Agg")
+        if "MPLBACKEND" not in os.environ and "matplotlib.pyplot" not in sys.modules:
+            matplotlib.use("Agg")  # files only, unless the caller (e.g. Jupyter) chose a backend
         import matplotlib.pyplot as plt
     except ImportError as e:  # pragma: no cover - exercised only without matplotlib
         raise ImportError('drawing layouts needs matplotlib: pip install "tcemu[plot]"') from e
