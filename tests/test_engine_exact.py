@@ -69,6 +69,33 @@ def _engine_vs_exact(m, fmt, acc, spread, seed):
         assert int(got[i]) == X.to_bits(want, acc), (i, want)
 
 
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mi=st.integers(0, len(MODELS) - 1), fmt=st.sampled_from(sorted(FORMATS)), seed=st.integers(0, 2 ** 31 - 1))
+def test_deferred_specials_flag_every_output_they_change(mi, fmt, seed):
+    """Under ``engine.deferred_specials`` (GEMM fast path) every output whose bits would differ
+    from the exact path comes back as NaN: random bit patterns (NaN, inf, subnormals, zeros of both
+    signs), C with specials, all-negative-zero rows and exact cancellations."""
+    m, f = MODELS[mi], FORMATS[fmt]
+    rng = np.random.default_rng(seed)
+    n, K = 64, 32
+    keep = np.uint32(((1 << f.storage_bits) - 1) & ~((1 << f.shift) - 1))
+    a = rng.integers(0, 1 << 32, (n, K), dtype=np.uint64).astype(np.uint32) & keep
+    b = rng.integers(0, 1 << 32, (n, K), dtype=np.uint64).astype(np.uint32) & keep
+    c = rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
+    c[:8] = [0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x80000000, 0x80000000, 0x80000001]
+    sign = np.uint32(1 << (f.storage_bits - 1))
+    a[5:8], b[5:8] = sign, 0                        # all products -0: with C = -0 the sum is -0
+    a[8:12] = a[8:12] & ~np.uint32(sign)            # finite positive rows
+    b[8:12, :] = b[8:12, :1]
+    x, y = (jnp.asarray(v) for v in (a[:, None, :], b[:, :, None]))
+    exact = np.asarray(engine.fused_dot(x, f, y, f, jnp.asarray(c)[:, None, None], fm.F32, m)).ravel()
+    with engine.deferred_specials():
+        fast = np.asarray(engine.fused_dot(x, f, y, f, jnp.asarray(c)[:, None, None], fm.F32, m)).ravel()
+    flagged = np.isnan(fast.view(np.float32))
+    np.testing.assert_array_equal(fast[~flagged], exact[~flagged])
+    assert flagged[2:7].all() and (exact[5:7] == 0x80000000).all()
+
+
 def _fasi(model, a, b, c, out="f32"):
     """One dot product of fp16 a, b (lists) and c (f32, or f16 when out='f16')."""
     A = jnp.asarray(np.array(a, np.float16))[None, :]

@@ -69,17 +69,10 @@ def test_matmul_equals_register_level_wmma_mainloop(arch):
     np.testing.assert_array_equal(np.asarray(got).view(np.uint32), want.view(np.uint32))
 
 
-@pytest.mark.parametrize("instruction,dt", [("m16n8k16.f32.bf16.bf16.f32", ml_dtypes.bfloat16),
-                                            ("m16n8k32.f32.e4m3.e4m3.f32", ml_dtypes.float8_e4m3fn),
-                                            ("m16n8k8.f32.tf32.tf32.f32", np.float32)])
-def test_matmul_equals_register_level_mma_sync(instruction, dt):
-    """mma.sync chained through registers (fragments built from the PTX layouts), odd sizes."""
-    rng = np.random.default_rng(6)
-    M, K, N = 19, 45, 13
-    a = rng.standard_normal((M, K)).astype(dt).astype(np.float32)
-    b = rng.standard_normal((K, N)).astype(dt).astype(np.float32)
-    if dt is np.float32:
-        a = tcemu.quantize(a, "tf32"); b = tcemu.quantize(b, "tf32")
+def _mma_sync_mainloop(a, b, instruction):
+    """D of mma.sync chained through registers over k-tiles (fragments from the PTX layouts)."""
+    M, K = a.shape
+    N = b.shape[1]
     sp = "mma.sync.aligned." + instruction.split(".")[0] + ".row.col." + ".".join(instruction.split(".")[1:])
     ins = tcemu._src.isa.parse.parse(sp)
     fa, fb, fc, fd = mma_sync_fragments(ins)
@@ -102,8 +95,61 @@ def test_matmul_equals_register_level_mma_sync(instruction, dt):
                 regs = f(regs, a=range(na), b=range(na, na + nb), c=range(na + nb, na + nb + nc),
                          d=range(na + nb, na + nb + nc))
             D[i:i + m, j:j + n] = np.asarray(fragment_to_matrix(regs[:, na + nb:], fd))
+    return D[:M, :N]
+
+
+@pytest.mark.parametrize("instruction,dt", [("m16n8k16.f32.bf16.bf16.f32", ml_dtypes.bfloat16),
+                                            ("m16n8k32.f32.e4m3.e4m3.f32", ml_dtypes.float8_e4m3fn),
+                                            ("m16n8k8.f32.tf32.tf32.f32", np.float32)])
+def test_matmul_equals_register_level_mma_sync(instruction, dt):
+    """mma.sync chained through registers (fragments built from the PTX layouts), odd sizes."""
+    rng = np.random.default_rng(6)
+    M, K, N = 19, 45, 13
+    a = rng.standard_normal((M, K)).astype(dt).astype(np.float32)
+    b = rng.standard_normal((K, N)).astype(dt).astype(np.float32)
+    if dt is np.float32:
+        a = tcemu.quantize(a, "tf32"); b = tcemu.quantize(b, "tf32")
     got = tcemu.matmul(a, b, arch="H100", instruction=instruction)
-    np.testing.assert_array_equal(np.asarray(got).view(np.uint32), D[:M, :N])
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint32), _mma_sync_mainloop(a, b, instruction))
+
+
+@pytest.mark.parametrize("k_order,instruction", [("sequential", "m16n8k16.f32.bf16.bf16.f32"),
+                                                 ("promotion", "m16n8k16.f32.bf16.bf16.f32"),
+                                                 ("sequential", "m16n8k16.f16.f16.f16.f16"),
+                                                 ("sequential", "m16n8k32.f32.e5m2.e5m2.f32")])
+def test_matmul_special_values_equal_register_level(k_order, instruction):
+    """NaN, inf, overflow in the middle of the K loop, and exact cancellation of a negative
+    accumulator (the cases the GEMM's fast path defers to an exact recomputation) give the
+    register-level bits; so do blocks without them next to blocks with them."""
+    rng = np.random.default_rng(8)
+    M, K, N = 40, 64, 16
+    dt = {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "e5m2": ml_dtypes.float8_e5m2}[instruction.split(".")[2]]
+    big = 2.0 ** (100 if dt is ml_dtypes.bfloat16 else 14)
+    a = rng.standard_normal((M, K)).astype(dt).astype(np.float32)
+    b = rng.standard_normal((K, N)).astype(dt).astype(np.float32)
+    a[0, 3], a[1, 20], b[40, 2] = np.inf, -np.inf, np.nan
+    a[2, :] = 0.0; a[2, 17] = big; b[17, :] = big                   # overflows in the second k-tile
+    a[3, :] = 0.0; a[3, 0], a[3, 40] = -1.0, 1.0; b[:, 5] = 1.0      # D = -1, then exactly 0
+    a[4, :] = -0.0                                                  # all products -0 or +0
+    cfg = tcemu.GemmConfig(arch="H100", instruction=instruction, k_order=k_order, promotion_interval=32)
+    y = np.asarray(tcemu.matmul(a, b, config=cfg))  # float32 (f16 D widened exactly)
+    got = y.view(np.uint32)
+    f16_out = instruction.split(".")[1] == "f16"
+    if k_order == "sequential":
+        want = _mma_sync_mainloop(a, b, instruction)
+    else:  # promotion: chains of 32 from +0, each added to the float32 total with one RNE add
+        halves = [_mma_sync_mainloop(a[:, h:h + 32], b[h:h + 32], instruction).view(np.float32) for h in (0, 32)]
+        want = tcemu._src.numerics.engine.add(
+            jnp.asarray(np.zeros((M, N), np.uint32)), jnp.asarray(halves[0].view(np.uint32)))
+        want = np.asarray(tcemu._src.numerics.engine.add(want, jnp.asarray(halves[1].view(np.uint32))))
+    if f16_out:
+        want = np.asarray(tcemu._src.numerics.engine.convert(jnp.asarray(want), tcemu._src.formats.F16,
+                                                             tcemu._src.formats.F32))
+    np.testing.assert_array_equal(got, want)
+    assert np.isinf(y[0]).sum() >= N - 1
+    if dt is ml_dtypes.bfloat16 or f16_out:  # the product (bf16) or the f16 sum overflows
+        assert np.isinf(y[2]).sum() >= N - 2
+    assert got[3, 5] == 0 and (np.delete(got[4], 2) == 0).all()  # +0: exact zeros from a +0 start
 
 
 def _rel_err(y, a, b):

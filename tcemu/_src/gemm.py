@@ -131,9 +131,16 @@ def quantize(x, etype: str, mode: str = "rne", key=None):
     return fm.from_bits(q, etype).astype(jnp.float32) if etype != "tf32" else jax.lax.bitcast_convert_type(q, jnp.float32)
 
 
+@jax.custom_jvp
 def _ste(x, q):
-    """Straight-through estimator: the value of ``q`` exactly, the gradient of ``x``."""
-    return x - jax.lax.stop_gradient(x) + jax.lax.stop_gradient(q)
+    """Straight-through estimator: the value of ``q`` exactly (also inf, NaN and -0, which
+    ``x - stop_gradient(x) + stop_gradient(q)`` turns into NaN or +0), the gradient of ``x``."""
+    return q
+
+
+@_ste.defjvp
+def _ste_jvp(primals, tangents):
+    return primals[1], tangents[0]
 
 
 def _bits(x, etype):
@@ -195,7 +202,8 @@ def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None):
             return out if valid is None else jnp.where(valid, out, d)
 
         def chain(kts, padded=True):  # instructions over the k-tiles kts (>= Kt: padding, skipped), from +0
-            return jax.lax.scan(lambda d, kt: (step(d, kt, kt < Kt if padded else None), None), zero, kts)[0]
+            return jax.lax.scan(lambda d, kt: (step(d, kt, kt < Kt if padded else None), None), zero, kts,
+                                unroll=4 if engine._DEFERRED and engine.unroll_terms() else 1)[0]
 
         if cfg.k_order == "sequential":
             return chain(jnp.arange(Kt), padded=False)
@@ -215,9 +223,19 @@ def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None):
         parts = jax.vmap(lambda kt: step(zero, kt, True))(jnp.arange(Kt))  # pairwise
         return _pairwise(to_f32(parts), f32_add)
 
-    out = jax.lax.map(lambda x: block(*x), (jnp.arange(nblocks), A))  # (nblocks, mc, Nt, m, n)
+    out_fmt = acc if cfg.k_order == "sequential" else fm.F32
+
+    def exact_or_fast(blk, Ar):
+        """The block without per-instruction special-value branches (engine.deferred_specials);
+        computed again exactly only if that gives a NaN (a NaN/inf operand, an overflow, or an
+        exact zero after a -0 accumulator): same bits, a third less time on GPUs."""
+        with engine.deferred_specials():
+            fast = block(blk, Ar)
+        return jax.lax.cond(jnp.any(fm.decode(fast, out_fmt).is_nan), lambda: block(blk, Ar), lambda: fast)
+
+    out = jax.lax.map(lambda x: exact_or_fast(*x), (jnp.arange(nblocks), A))  # (nblocks, mc, Nt, m, n)
     out = out.reshape(nblocks * mc, Nt, m, n)[:Mt].transpose(0, 2, 1, 3).reshape(Mp, Np)[:M, :N]
-    return out, (acc if cfg.k_order == "sequential" else fm.F32)
+    return out, out_fmt
 
 
 def _fold(parts, add):
@@ -239,6 +257,14 @@ def _pairwise(parts, add):
 # differentiable value API
 
 
+def _widen(D, fmt):
+    """D bits -> float32 values; f16 D widened exactly in integers (NaN -> 0x7FFFFFFF as cvt.f32.f16
+    gives it, on every backend)."""
+    if fmt is not fm.F32:
+        D = engine.convert(D, fmt, fm.F32)
+    return jax.lax.bitcast_convert_type(D, jnp.float32)
+
+
 def _emulated(a, b, cfg: GemmConfig, key):
     """Forward: a (..., M, K) @ b (K, N) or (..., K, N), inputs already quantised (float32)."""
     ins = cfg.ins
@@ -247,7 +273,7 @@ def _emulated(a, b, cfg: GemmConfig, key):
     if b.ndim == 2:  # one weight matrix: fold every batch row into M
         lead = a.shape[:-1]
         D, fmt = gemm_bits(A.reshape(-1, a.shape[-1]), Bb, cfg, key)
-        return fm.from_bits(D, fmt.name if fmt is not fm.F32 else "f32").astype(jnp.float32).reshape(lead + (b.shape[1],))
+        return _widen(D, fmt).reshape(lead + (b.shape[1],))
     batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     A = jnp.broadcast_to(A, batch + A.shape[-2:]).reshape((-1,) + A.shape[-2:])
     Bb = jnp.broadcast_to(Bb, batch + Bb.shape[-2:]).reshape((-1,) + Bb.shape[-2:])
@@ -255,7 +281,7 @@ def _emulated(a, b, cfg: GemmConfig, key):
 
     def one(x):
         D, fmt = gemm_bits(x[0], x[1], cfg, x[2])
-        return fm.from_bits(D, "f16" if fmt is fm.F16 else "f32").astype(jnp.float32)
+        return _widen(D, fmt)
 
     out = jax.lax.map(one, (A, Bb, keys))
     return out.reshape(batch + out.shape[-2:])

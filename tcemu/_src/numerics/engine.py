@@ -19,6 +19,7 @@ Example (one fp16 dot product of length 4 with an fp32 addend, V100 numerics)::
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import NamedTuple
 
@@ -225,7 +226,31 @@ def _fused(exp_for_max, align, make_flags, make_c, cfrac: int, model: BlockFMA, 
         bits = jnp.where(pos_inf | neg_inf, out.inf_bits(neg_inf), bits)
         return jnp.where(is_nan, jnp.uint32(out.canonical_nan), bits)
 
+    if _DEFERRED:
+        # the slow path changes a result only for NaN/inf operands or an exact zero whose addends
+        # are all negative: then C is negative and aligns to 0 (a -0 or a tiny C), since any other
+        # negative C would make the all-negative sum nonzero. Such outputs become NaN.
+        need = (exact_zero & (c.sign != 0) & (tc == 0)) | special
+        return jnp.where(need, jnp.uint32(out.canonical_nan), bits)
     return jax.lax.cond(jnp.any(exact_zero | special), slow, lambda bits: bits, bits)
+
+
+_DEFERRED = False
+
+
+@contextlib.contextmanager
+def deferred_specials():
+    """Trace-time context for long chains of MMAs (GEMMs): fused blocks traced inside it skip their
+    special-value branch (a ``lax.cond`` per call, a third of a GEMM's time on GPUs) and return
+    NaN for every output that branch could have changed. Results that are not NaN are exact; NaN
+    then propagates through the chain, and a caller that finds NaN in the result computes it
+    again outside the context."""
+    global _DEFERRED
+    prev, _DEFERRED = _DEFERRED, True
+    try:
+        yield
+    finally:
+        _DEFERRED = prev
 
 
 def convert(bits, src: fm.FloatFormat, dst: fm.FloatFormat, mode: str = "rne", *,
