@@ -74,9 +74,9 @@ def _cells(r: tcemu.ProbeResult):
     return out
 
 
-def probe_table():
-    """Rows (GPU, instruction, source, probe cells...) for PROBE_CASES, then the H200 hardware rows."""
-    rows = [[gpu, sp, "emulator", note] + _cells(tcemu.probe(gpu, instruction=sp)) for gpu, sp, note in PROBE_CASES]
+def probe_table(cases=PROBE_CASES):
+    """Rows (GPU, instruction, source, probe cells...) for ``cases``, then the H200 hardware rows."""
+    rows = [[gpu, sp, "emulator", note] + _cells(tcemu.probe(gpu, instruction=sp)) for gpu, sp, note in cases]
     hw = json.loads((ROOT / "tests" / "data" / "probe_sm90.json").read_text())
     for sp, pair in hw.items():
         for who in ("hardware", "emulator"):

@@ -160,6 +160,9 @@ def _tiles(x, r, c):
     return x.reshape(R // r, r, C // c, c).transpose(0, 2, 1, 3)
 
 
+_DEFER_MAX_BLOCKS = 4
+
+
 def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None):
     """Emulated (M, K) @ (K, N) on bit patterns of the instruction's input types.
 
@@ -225,10 +228,16 @@ def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None):
 
     out_fmt = acc if cfg.k_order == "sequential" else fm.F32
 
+    # Without the branches XLA fuses all blocks of an instruction into one loop; beyond a few
+    # blocks per instruction (models with tiny blocks) that fusion takes minutes to compile.
+    defer = -(-k // model.block_size) <= _DEFER_MAX_BLOCKS
+
     def exact_or_fast(blk, Ar):
         """The block without per-instruction special-value branches (engine.deferred_specials);
         computed again exactly only if that gives a NaN (a NaN/inf operand, an overflow, or an
         exact zero after a -0 accumulator): same bits, a third less time on GPUs."""
+        if not defer:
+            return block(blk, Ar)
         with engine.deferred_specials():
             fast = block(blk, Ar)
         return jax.lax.cond(jnp.any(fm.decode(fast, out_fmt).is_nan), lambda: block(blk, Ar), lambda: fast)
