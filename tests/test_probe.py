@@ -70,7 +70,7 @@ def test_probe_matches_h200_tensor_cores(spelling):
     assert r == want
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow],
           phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(F=st.integers(23, 28), L=st.sampled_from([4, 8, 16]), rounding=st.sampled_from(["rz", "rne", "rna", "ru", "rd"]),
        normalize=st.booleans())
