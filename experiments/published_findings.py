@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 import tcemu
+from tcemu._src.studies import GPU_CONFIGS, curves_table, write_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,10 +49,6 @@ PROBE_CASES = [
 COLUMNS = [("F", "fraction_bits"), ("acc", "accumulator_bits"), ("block", "block_size"),
            ("rounding", "rounding"), ("normalised", "normalized_products"), ("C", "addend"),
            ("subnormals in/out", None)]
-
-CURVES = [("f16", "V100", None), ("f16", "A100", None), ("f16", "H100", None),
-          ("bf16", "A100", None), ("bf16", "H100", None), ("tf32", "A100", None), ("tf32", "H100", None),
-          ("e4m3", "L40S", None), ("e4m3", "H100", None), ("e4m3", "H100", 128), ("e4m3", "B200", None)]
 
 FP8_GEMMS = {
     "H100 wgmma e4m3": tcemu.GemmConfig(arch="H100", instruction="wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3"),
@@ -94,7 +91,7 @@ def print_probe(rows, file=sys.stdout):
 
 
 def error_curves(ks, outputs):
-    return [tcemu.error_vs_k(fmt, gpu, ks, outputs=outputs, promotion_interval=p) for fmt, gpu, p in CURVES]
+    return [tcemu.error_vs_k(fmt, gpu, ks, outputs=outputs, promotion_interval=p) for fmt, gpu, p in GPU_CONFIGS]
 
 
 def fp8_gemm_errors(k=4096, size=64, seed=0):
@@ -162,17 +159,8 @@ def main(argv=None):
     ks = [2 ** i for i in range(4, 20) if 2 ** i <= args.kmax]
     print(f"\n2. Max relative error of {args.outputs} dot products of U[0,1) inputs against float64\n")
     curves = error_curves(ks, args.outputs)
-    shown = [k for k in ks if k in (64, 256, 1024, 4096, 16384)]
-    print(f"{'':34s}" + "".join(f"{'K=' + str(k):>9s}" for k in shown))
-    for c in curves:
-        v = dict(zip(c.k, c.max_rel))
-        print(f"{c.label:34s}" + "".join(f"{v[k]:9.1e}" if k in v else f"{'-':>9s}" for k in shown))
-    with open(out / "error_vs_k.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["label", "format", "instruction", "k", "max_rel", "mean_rel"])
-        for c in curves:
-            w.writerows([c.label, c.fmt, c.instruction, k, f"{mx:.6e}", f"{mn:.6e}"]
-                        for k, mx, mn in zip(c.k, c.max_rel, c.mean_rel))
+    print("\n".join(curves_table(curves, (64, 256, 1024, 4096, 16384))))
+    write_csv(curves, out / "error_vs_k.csv")
     from tcemu._src.draw import plot_error_curves
 
     plot_error_curves(curves, out / "error_vs_k.png",

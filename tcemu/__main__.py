@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import tcemu
+from tcemu._src.studies import GPU_CONFIGS, curves_table, error_vs_k, fp32_chain_error, write_csv
 
 
 def demo(args):
@@ -58,21 +59,13 @@ def demo(args):
     print(f"2. relative error against float64 of {args.outputs} dot products of U[0,1) inputs as K grows "
           f"({ks[0]} ... {ks[-1]}),\n   each a chain of the MMA a GEMM uses on that GPU (D of one "
           "instruction is C of the next)")
-    curves, base = _sweep(DEMO_CONFIGS, ks, args.outputs)
-    shown = [k for k in ks if k in (16, 64, 256, 1024, 4096, 16384)] or ks
-    head = f"   {'max relative error':34s}" + "".join(f"{'K=' + str(k):>9s}" for k in shown)
-    print(head)
-    for c in base + curves:
-        vals = dict(zip(c.k, c.max_rel))
-        print(f"   {c.label:34s}" + "".join(f"{vals[k]:9.1e}" if k in vals else f"{'-':>9s}" for k in shown))
+    curves, base = _sweep(GPU_CONFIGS, ks, args.outputs)
+    for line in curves_table(base + curves, [k for k in ks if k in (16, 64, 256, 1024, 4096, 16384)] or ks):
+        print("   " + line)
     print("\n   fp16/bf16/tf32: products aligned to the largest exponent and truncated 23 (V100), 24 (A100) or "
           "25 (H100)\n   bits below it; fp8 on H100 (wgmma) keeps a 13-bit accumulator, so its error grows with K "
           "until the\n   partial sums are promoted to fp32 every 128 products (DeepSeek-V3).")
-    with open(args.out + ".csv", "w") as f:
-        f.write("label,format,instruction,k,max_rel,mean_rel\n")
-        for c in base + curves:
-            for k, mx, mn in zip(c.k, c.max_rel, c.mean_rel):
-                f.write(f"{c.label},{c.fmt},{c.instruction},{k},{mx:.6e},{mn:.6e}\n")
+    write_csv(base + curves, args.out + ".csv")
     try:
         from tcemu._src.draw import plot_error_curves
 
@@ -85,17 +78,8 @@ def demo(args):
     return 0
 
 
-# (input format, GPU preset, promotion interval or None)
-DEMO_CONFIGS = [("f16", "V100", None), ("f16", "A100", None), ("f16", "H100", None),
-                ("bf16", "A100", None), ("bf16", "H100", None),
-                ("tf32", "A100", None), ("tf32", "H100", None),
-                ("e4m3", "L40S", None), ("e4m3", "H100", None), ("e4m3", "H100", 128), ("e4m3", "B200", None)]
-
-
 def _sweep(configs, ks, outputs):
     """Error curves of ``configs`` and the fp32-chain baselines, with a progress bar on stderr."""
-    from tcemu._src.studies import error_vs_k, fp32_chain_error
-
     fmts = list(dict.fromkeys(f for f, _, _ in configs))
     jobs = [("base", f, None, None) for f in fmts] + [("emu",) + c for c in configs]
     curves, base = [], []
@@ -103,8 +87,7 @@ def _sweep(configs, ks, outputs):
         label = f"fp32 chain ({fmt})" if kind == "base" else f"{arch} {fmt}" + (f" + promotion/{promo}" if promo else "")
         _progress(i, len(jobs), label)
         if kind == "base":
-            c = fp32_chain_error(fmt, ks, outputs=outputs)
-            base.append(dataclasses.replace(c, label=f"fp32 FMA chain ({fmt})"))
+            base.append(fp32_chain_error(fmt, ks, outputs=outputs))
         else:
             curves.append(error_vs_k(fmt, arch, ks, outputs=outputs, promotion_interval=promo))
     if sys.stderr.isatty():
@@ -147,11 +130,6 @@ def layout(args):
     return 0
 
 
-_PROBE_FORMATS = {70: ("f16",), 75: ("f16",), 80: ("f16", "bf16", "tf32"), 86: ("f16", "bf16", "tf32"),
-                  87: ("f16", "bf16", "tf32"), 89: ("f16", "bf16", "tf32", "e4m3"),
-                  90: ("f16", "bf16", "tf32", "e4m3"), 100: ("f16", "bf16", "tf32", "e4m3")}
-
-
 def parse_model(text: str):
     """``"fraction_bits=24,block_size=16,rounding=rne"`` -> :class:`tcemu.BlockFMA` (values are
     Python literals; bare words are strings; commas inside brackets belong to the value)."""
@@ -182,7 +160,9 @@ def probe(args):
     from tcemu._src.probe import expected
 
     arch = resolve(args.arch)
-    fmts = [args.format] if args.format else list(_PROBE_FORMATS.get(arch.sm, ("f16",)))
+    presets = tcemu.numerics(args.arch)  # the formats this architecture's MMAs take
+    fmts = [args.format] if args.format else [f for f, field in (("f16", "f16"), ("bf16", "bf16"), ("tf32", "tf32"),
+                                                                 ("e4m3", "fp8_mma")) if getattr(presets, field)]
     if args.instruction:
         fmts = [parse(args.instruction).atype]
     model = parse_model(args.model) if args.model else None
@@ -194,9 +174,7 @@ def probe(args):
         preset = resolve_model(parse(r.instruction), None, arch)
         want = expected(preset, r.instruction)
         print(f"{fmt} inputs: {r.instruction}")
-        keys = ["fraction_bits", None, "accumulator_bits", "block_size", "block_order", "rounding",
-                "normalized_products", "addend", "subnormal_inputs", "subnormal_outputs"]
-        for (name, val), key in zip(r.rows(), keys):
+        for key, name, val in r.rows():
             note = ""
             if key is not None:
                 got, exp = getattr(r, key), want[key]

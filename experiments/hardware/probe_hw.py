@@ -114,6 +114,7 @@ def main():
     hw, hw_wg = hardware_mma(Gpu(build)), hardware_wgmma(W.Gpu(build))
     results = {}
     rng = np.random.default_rng(7)
+    runner = {sp: hw_wg if sp.startswith("wgmma") else hw for sp in INSTRUCTIONS}
     for sp in INSTRUCTIONS:  # the packing: random inputs give tcemu.mma's bits
         ins = tcemu._src.isa.parse.parse(sp)
         dt = tcemu._src.studies.DTYPES[ins.atype]
@@ -122,16 +123,16 @@ def main():
         if ins.atype == "tf32":
             a, b = (tcemu.quantize(x, "tf32") for x in (a, b))
         c = rng.standard_normal((8, ins.m, ins.n)).astype(np.float32)
-        d_hw = (hw_wg if sp.startswith("wgmma") else hw)(sp, a, b, c)
+        d_hw = runner[sp](sp, a, b, c)
         same = np.array_equal(d_hw.view(np.uint32), np.asarray(tcemu.mma(sp, a, b, c, arch="sm_90")).view(np.uint32))
         print(f"{sp}: random inputs, hardware bits == tcemu.mma: {same}")
     for sp in INSTRUCTIONS:
-        r_hw = tcemu.probe("sm_90", instruction=sp, mma=hw_wg if sp.startswith("wgmma") else hw)
+        r_hw = tcemu.probe("sm_90", instruction=sp, mma=runner[sp])
         r_emu = tcemu.probe("sm_90", instruction=sp)
         results[sp] = {"hardware": dataclasses.asdict(r_hw), "emulator": dataclasses.asdict(r_emu)}
         same = r_hw == r_emu
         print(f"{sp}: {'same' if same else 'DIFFERENT'}")
-        for (name, v_hw), (_, v_emu) in zip(r_hw.rows(), r_emu.rows()):
+        for (_, name, v_hw), (_, _, v_emu) in zip(r_hw.rows(), r_emu.rows()):
             print(f"   {name:40s} {v_hw!s:>24s} {'' if v_hw == v_emu else '  emulator: ' + str(v_emu)}")
     (out / "probe_sm90.json").write_text(json.dumps(results, indent=1))
     print(f"wrote {out / 'probe_sm90.json'}")

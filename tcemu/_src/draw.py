@@ -76,11 +76,7 @@ def plot_error_curves(curves, path=None, *, title="Relative error against float6
     """Log-log plot of :class:`~tcemu._src.studies.ErrorCurve` s (max as lines, mean dashed),
     one panel per input format; ``baselines`` (fp32 chains) drawn in grey. Returns the figure."""
     plt = _plt()
-    fmts = []
-    for c in list(curves) + list(baselines):
-        f = c.fmt
-        if f not in fmts:
-            fmts.append(f)
+    fmts = list(dict.fromkeys(c.fmt for c in [*curves, *baselines]))
     cols = min(2, len(fmts))
     rows = -(-len(fmts) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.8 * rows), squeeze=False, sharey=True)

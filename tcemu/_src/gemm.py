@@ -190,12 +190,12 @@ def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None):
         raise ValueError("this model rounds stochastically: pass key=jax.random.key(...)")
 
     def to_f32(bits):
-        return bits if acc is fm.F32 or acc.name.startswith("e8m") else engine.convert(bits, acc, fm.F32)
+        return _f32_bits(bits, acc)
 
     def f32_add(x, y):
         return engine.add(x, y, fm.F32, "rne")
 
-    def block(blk, Ar):
+    def block(blk, Ar, unroll=1):
         def step(d, kt, valid):
             kt = jnp.minimum(kt, Kt - 1)
             a = jax.lax.dynamic_index_in_dim(Ar, kt, axis=1, keepdims=False)[:, None]  # (mc, 1, m, k)
@@ -206,7 +206,7 @@ def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None):
 
         def chain(kts, padded=True):  # instructions over the k-tiles kts (>= Kt: padding, skipped), from +0
             return jax.lax.scan(lambda d, kt: (step(d, kt, kt < Kt if padded else None), None), zero, kts,
-                                unroll=4 if engine._DEFERRED and engine.unroll_terms() else 1)[0]
+                                unroll=unroll)[0]
 
         if cfg.k_order == "sequential":
             return chain(jnp.arange(Kt), padded=False)
@@ -239,7 +239,7 @@ def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None):
         if not defer:
             return block(blk, Ar)
         with engine.deferred_specials():
-            fast = block(blk, Ar)
+            fast = block(blk, Ar, unroll=4 if engine.unroll_terms() else 1)
         return jax.lax.cond(jnp.any(fm.decode(fast, out_fmt).is_nan), lambda: block(blk, Ar), lambda: fast)
 
     out = jax.lax.map(lambda x: exact_or_fast(*x), (jnp.arange(nblocks), A))  # (nblocks, mc, Nt, m, n)
@@ -266,12 +266,15 @@ def _pairwise(parts, add):
 # differentiable value API
 
 
+def _f32_bits(bits, fmt):
+    """Accumulator bits -> float32 bits; f16 widened exactly in integers (NaN -> 0x7FFFFFFF as
+    cvt.f32.f16 gives it, on every backend)."""
+    return bits if fmt is fm.F32 else engine.convert(bits, fmt, fm.F32)
+
+
 def _widen(D, fmt):
-    """D bits -> float32 values; f16 D widened exactly in integers (NaN -> 0x7FFFFFFF as cvt.f32.f16
-    gives it, on every backend)."""
-    if fmt is not fm.F32:
-        D = engine.convert(D, fmt, fm.F32)
-    return jax.lax.bitcast_convert_type(D, jnp.float32)
+    """D bits -> float32 values."""
+    return jax.lax.bitcast_convert_type(_f32_bits(D, fmt), jnp.float32)
 
 
 def _emulated(a, b, cfg: GemmConfig, key):

@@ -32,14 +32,11 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 
 from tcemu._src.isa.parse import parse
-from tcemu._src.studies import default_instruction
+from tcemu._src.studies import DTYPES, default_instruction
 
-_DT = {"f16": np.float16, "bf16": ml_dtypes.bfloat16, "tf32": np.float32, "e4m3": ml_dtypes.float8_e4m3fn,
-       "e5m2": ml_dtypes.float8_e5m2}
 _MIN_SUB = {"f16": -24, "bf16": -133, "tf32": -136, "e4m3": -9, "e5m2": -16}
 _MAX_EXP = 40  # largest j / k tried
 
@@ -58,17 +55,20 @@ class ProbeResult:
     subnormal_outputs: bool
 
     def rows(self):
-        return [("fraction bits kept in alignment (F)", self.fraction_bits),
-                ("extra alignment bits (F - 23)", None if self.fraction_bits is None else self.fraction_bits - 23),
-                ("accumulator fraction bits", self.accumulator_bits),
-                ("fused block size", self.block_size),
-                ("block order", "consecutive" if self.block_order is None else f"k in {list(self.block_order)} first"),
-                ("rounding of block results", self.rounding),
-                ("products normalised before alignment", self.normalized_products),
-                ("C enters", "not measurable" if self.addend is None else "with the first block"
+        """(field or None for a derived row, description, value as shown) for a report."""
+        F = self.fraction_bits
+        return [("fraction_bits", "fraction bits kept in alignment (F)", F),
+                (None, "extra alignment bits (F - 23)", None if F is None else F - 23),
+                ("accumulator_bits", "accumulator fraction bits", self.accumulator_bits),
+                ("block_size", "fused block size", self.block_size),
+                ("block_order", "block order",
+                 "consecutive" if self.block_order is None else f"k in {list(self.block_order)} first"),
+                ("rounding", "rounding of block results", self.rounding),
+                ("normalized_products", "products normalised before alignment", self.normalized_products),
+                ("addend", "C enters", "not measurable" if self.addend is None else "with the first block"
                  if self.addend == "first" else "after the products"),
-                ("subnormal inputs kept", self.subnormal_inputs),
-                ("subnormal outputs kept", self.subnormal_outputs)]
+                ("subnormal_inputs", "subnormal inputs kept", self.subnormal_inputs),
+                ("subnormal_outputs", "subnormal outputs kept", self.subnormal_outputs)]
 
 
 class _Box:
@@ -93,10 +93,9 @@ class _Box:
     def value(self, x):
         """Is x exactly representable in the input format? Returns the float (raises if not)."""
         for f in self.fmts:
-            if f != "tf32" and float(np.asarray(x, dtype=_DT[f]).astype(np.float64)) != x:
+            if f != "tf32" and float(np.asarray(x, dtype=DTYPES[f]).astype(np.float64)) != x:
                 raise ValueError(f"{x} is not exact in {f}")
-        v = float(x)
-        return v
+        return float(x)
 
     def pair(self, exp):
         """Two input values whose product is 2**exp."""
@@ -117,7 +116,7 @@ class _Box:
                 Bm[i, p // K, p % K, 0] = y
         d = np.zeros((B, self.ins.m, self.ins.n), np.float32)
         d[:, 0, 0] = [c for _, c in cases]
-        dta, dtb = _DT[self.fmts[0]], _DT[self.fmts[1]]
+        dta, dtb = DTYPES[self.fmts[0]], DTYPES[self.fmts[1]]
         d = jnp.asarray(d)
         for s in range(steps):
             d = jnp.asarray(self.mma(self.spelling, jnp.asarray(A[:, s].astype(dta)), jnp.asarray(Bm[:, s].astype(dtb)), d),
@@ -211,7 +210,8 @@ def probe(arch="H100", fmt: str | None = None, *, instruction=None, model=None, 
                 rem, pos = f * ulp, 1
                 while rem > 0:  # f * ulp as a sum of powers of two, each a product
                     e = int(np.floor(np.log2(rem)))
-                    parts[pos] = (sign * box.pair(e)[0], box.pair(e)[1])
+                    x, y = box.pair(e)
+                    parts[pos] = (sign * x, y)
                     rem -= 2.0 ** e
                     pos += 1
                 cases.append((parts, 0.0))

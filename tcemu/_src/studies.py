@@ -26,6 +26,11 @@ from tcemu._src.numerics import engine
 DTYPES = {"f16": np.float16, "bf16": ml_dtypes.bfloat16, "tf32": np.float32,
           "e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 DISTRIBUTIONS = ("uniform", "normal")
+# (input format, GPU preset, promotion interval or None): the comparison the demo and
+# experiments/published_findings.py draw
+GPU_CONFIGS = (("f16", "V100", None), ("f16", "A100", None), ("f16", "H100", None),
+               ("bf16", "A100", None), ("bf16", "H100", None), ("tf32", "A100", None), ("tf32", "H100", None),
+               ("e4m3", "L40S", None), ("e4m3", "H100", None), ("e4m3", "H100", 128), ("e4m3", "B200", None))
 
 
 def default_instruction(arch, fmt: str) -> str:
@@ -69,8 +74,9 @@ def sample(fmt: str, shape, dist: str = "uniform", seed: int = 0) -> np.ndarray:
     x = rng.random(shape) if dist == "uniform" else rng.standard_normal(shape)
     x = x.astype(np.float32)
     if fmt == "tf32":
-        bits = engine.convert(jnp.asarray(x).view(jnp.uint32), fm.F32, fm.TF32, "rne")
-        return np.asarray(bits).view(np.float32)
+        from tcemu._src.gemm import quantize
+
+        return np.asarray(quantize(x, "tf32"))
     return x.astype(DTYPES[fmt])
 
 
@@ -156,4 +162,24 @@ def fp32_chain_error(fmt: str = "f16", ks=tuple(2 ** i for i in range(4, 15)), *
         rel = np.abs(acc[:, k - 1].astype(np.float64) - ref[:, k - 1]) / np.abs(ref[:, k - 1])
         mx.append(float(rel.max()))
         mn.append(float(rel.mean()))
-    return ErrorCurve(f"fp32 FMA chain ({fmt} inputs)", fmt, "fma.rn.f32", tuple(ks), tuple(mx), tuple(mn))
+    return ErrorCurve(f"fp32 FMA chain ({fmt})", fmt, "fma.rn.f32", tuple(ks), tuple(mx), tuple(mn))
+
+
+def curves_table(curves, ks=(16, 64, 256, 1024, 4096, 16384), width: int = 34) -> list[str]:
+    """Lines of a text table: each curve's max relative error at the lengths ``ks`` it has ("-"
+    where it has none; lengths no curve has are left out)."""
+    shown = [k for k in ks if any(k in c.k for c in curves)]
+    lines = [f"{'max relative error':{width}s}" + "".join(f"{'K=' + str(k):>9s}" for k in shown)]
+    for c in curves:
+        v = dict(zip(c.k, c.max_rel))
+        lines.append(f"{c.label:{width}s}" + "".join(f"{v[k]:9.1e}" if k in v else f"{'-':>9s}" for k in shown))
+    return lines
+
+
+def write_csv(curves, path) -> None:
+    """One row per (curve, length): label, format, instruction, k, max_rel, mean_rel."""
+    with open(path, "w") as f:
+        f.write("label,format,instruction,k,max_rel,mean_rel\n")
+        for c in curves:
+            for k, mx, mn in zip(c.k, c.max_rel, c.mean_rel):
+                f.write(f"{c.label},{c.fmt},{c.instruction},{k},{mx:.6e},{mn:.6e}\n")

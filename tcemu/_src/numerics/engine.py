@@ -297,12 +297,10 @@ def alignment_path() -> str:
     """How fp16/fp8 products are aligned when both ways are exact: "float" (float32 scaling and a
     truncating conversion; the default, measured faster on CPU and H200) or "int" (integer
     shifts, as for bf16/tf32). ``TCEMU_ALIGN=int|float`` selects; both give the same bits."""
-    env = os.environ.get("TCEMU_ALIGN", "auto")
-    if env not in ("auto", "int", "float"):
-        raise ValueError(f"TCEMU_ALIGN={env!r}; valid: auto, int, float")
-    if env != "auto":
-        return env
-    return "float"
+    env = os.environ.get("TCEMU_ALIGN", "float")
+    if env not in ("int", "float"):
+        raise ValueError(f"TCEMU_ALIGN={env!r}; valid: int, float")
+    return env
 
 
 def _use_float(afmt, bfmt, model: BlockFMA) -> bool:
