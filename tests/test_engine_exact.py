@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import tcemu
 from tcemu._src import formats as fm
 from tcemu._src.numerics import engine
-from tcemu._src.numerics.rounding import round_pack
+from tcemu._src.numerics.rounding import round_pack, round_pack32
 
 import exact_reference as X
 
@@ -166,6 +166,33 @@ def test_round_pack_equals_exact_rounding(hi, lo, q, sign, mode, fmt, ovf):
     else:
         want_bits = X.to_bits(want, fmt)
     assert got == want_bits
+
+
+@pytest.mark.parametrize("fmt", ["f32", "f16"])
+@pytest.mark.parametrize("ovf", ["inf", "ieee"])
+def test_round_pack32_equals_exact_rounding(fmt, ovf):
+    """The one-word rounding (magnitudes below 2**32) against exact rounding of Fractions, for
+    magnitudes of every bit length and exponents through subnormals and overflow; stochastic
+    rounding against the two-word round_pack with the same random bits."""
+    F = fm.FORMATS[fmt]
+    rng = np.random.default_rng(len(fmt) + len(ovf))
+    n = 600
+    m = (rng.integers(0, 2 ** 32, n, dtype=np.uint64) >> rng.integers(0, 33, n).astype(np.uint64)).astype(np.uint32)
+    q = rng.integers(-170, 110, n).astype(np.int32)
+    sign = rng.integers(0, 2, n).astype(np.int32)
+    for mode in ("rz", "rne", "rna", "ru", "rd"):
+        got = np.asarray(round_pack32(jnp.asarray(sign), jnp.asarray(m), jnp.asarray(q), F, mode, overflow=ovf))
+        for i in range(n):
+            want = X.round_to(Fr(int(m[i])) * Fr(2) ** int(q[i]) * (-1 if sign[i] else 1), F.fraction_bits, F.emin,
+                              F.emax, mode, ovf)
+            want_bits = ((1 << (F.storage_bits - 1)) if sign[i] else 0) if want == 0 else X.to_bits(want, fmt)
+            assert int(got[i]) == want_bits, (int(m[i]), int(q[i]), int(sign[i]), mode)
+    rand = jnp.asarray(rng.integers(0, 2 ** 32, n, dtype=np.uint64).astype(np.uint32))
+    args = (jnp.asarray(sign), jnp.asarray(m >> 16), jnp.asarray(m & 0xFFFF), jnp.asarray(q), F, "stochastic")
+    np.testing.assert_array_equal(
+        np.asarray(round_pack32(jnp.asarray(sign), jnp.asarray(m), jnp.asarray(q), F, "stochastic", overflow=ovf,
+                                rand=rand)),
+        np.asarray(round_pack(*args, overflow=ovf, rand=rand)))
 
 
 @pytest.mark.parametrize("dst,dtype", [(fm.BF16, ml_dtypes.bfloat16), (fm.F16, np.float16),
