@@ -25,14 +25,11 @@ if [ "$part" = all ] || [ "$part" = bench ]; then
   python3 benchmarks/bench_wmma_ldst.py --warps 100000 --repeats 10 2>&1 | tee "$OUT/bench_ldst_gpu.txt"
 fi
 if [ "$part" = all ] || [ "$part" = gemm-bench ]; then
-  python3 benchmarks/bench_gemm.py --sizes 512,1024,2048,4096,8192 --rounds 2 2>&1 | grep -v Warning | tee "$OUT/bench_gemm_gpu.txt"
-  TCEMU_GEMM_KERNEL=off python3 benchmarks/bench_gemm.py --sizes 4096,8192 --rounds 2 2>&1 | grep -v Warning | tee "$OUT/bench_gemm_gpu_xla.txt"
-fi
-if [ "$part" = all ] || [ "$part" = gemm-tests ]; then
-  timeout 400 python3 -m pytest -q -n 4 -p no:cacheprovider tests/test_gemm.py tests/test_gemm_kernel.py 2>&1 | tail -8 | tee "$OUT/tests_gemm_gpu.txt"
+  python3 benchmarks/bench_gemm.py --sizes 512,1024,2048,4096,8192 --rounds 2 2>&1 | tee "$OUT/bench_gemm_gpu.txt"
 fi
 if [ "$part" = all ] || [ "$part" = tests ]; then
   timeout 480 python3 -m pytest -q -n 8 -p no:cacheprovider --junitxml="$OUT/junit_gpu.xml" \
     tests/test_wmma_mma_hw.py tests/test_mma_sync_hw.py tests/test_peer_vectors.py \
-    tests/test_wmma_layouts.py tests/test_engine_exact.py tests/test_wgmma_hw.py tests/test_matrix_move.py 2>&1 | tail -15 | tee "$OUT/tests_gpu.txt"
+    tests/test_wmma_layouts.py tests/test_engine_exact.py tests/test_wgmma_hw.py tests/test_matrix_move.py \
+    tests/test_gemm.py 2>&1 | tail -15 | tee "$OUT/tests_gpu.txt"
 fi

@@ -35,7 +35,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from tcemu._src import formats as fm
-from tcemu._src import gemm_kernel
 from tcemu._src.arch import resolve
 from tcemu._src.isa.parse import Mma, parse
 from tcemu._src.numerics import engine
@@ -175,10 +174,8 @@ def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None):
     m, n, k = ins.m, ins.n, ins.k
     (M, K), N = a_bits.shape, b_bits.shape[1]
     Mp, Np, Kp = -(-M // m) * m, -(-N // n) * n, -(-K // k) * k
-    a_pad = jnp.pad(a_bits, ((0, Mp - M), (0, Kp - K)))
-    b_pad = jnp.pad(b_bits, ((0, Kp - K), (0, Np - N)))
-    A = _tiles(a_pad, m, k)  # (Mt, Kt, m, k)
-    B = _tiles(b_pad, k, n)  # (Kt, Nt, k, n)
+    A = _tiles(jnp.pad(a_bits, ((0, Mp - M), (0, Kp - K))), m, k)  # (Mt, Kt, m, k)
+    B = _tiles(jnp.pad(b_bits, ((0, Kp - K), (0, Np - N))), k, n)  # (Kt, Nt, k, n)
     Mt, Kt, Nt = Mp // m, Kp // k, Np // n
     acc = fm.FORMATS[ins.dtype]
     # rows of tiles per block: about chunk_terms() products per step (pairwise keeps Kt partials)
@@ -245,17 +242,9 @@ def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None):
             fast = block(blk, Ar, unroll=4 if engine.unroll_terms() else 1)
         return jax.lax.cond(jnp.any(fm.decode(fast, out_fmt).is_nan), lambda: block(blk, Ar), lambda: fast)
 
-    def exact_all():
-        out = jax.lax.map(lambda x: exact_or_fast(*x), (jnp.arange(nblocks), A))  # (nblocks, mc, Nt, m, n)
-        return out.reshape(nblocks * mc, Nt, m, n)[:Mt].transpose(0, 2, 1, 3).reshape(Mp, Np)
-
-    if cfg.k_order == "sequential" and defer and gemm_kernel.supports(ins, model):
-        # one kernel for the whole K loop (GPUs); NaN where a special value may decide the bits
-        fast = gemm_kernel.sequential(a_pad, b_pad, ins, model)
-        out = jax.lax.cond(jnp.any(fm.decode(fast, out_fmt).is_nan), exact_all, lambda: fast)
-    else:
-        out = exact_all()
-    return out[:M, :N], out_fmt
+    out = jax.lax.map(lambda x: exact_or_fast(*x), (jnp.arange(nblocks), A))  # (nblocks, mc, Nt, m, n)
+    out = out.reshape(nblocks * mc, Nt, m, n)[:Mt].transpose(0, 2, 1, 3).reshape(Mp, Np)[:M, :N]
+    return out, out_fmt
 
 
 def _fold(parts, add):

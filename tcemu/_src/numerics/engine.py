@@ -124,16 +124,11 @@ def _treduce(x, op, axis: int = _T):
     return out
 
 
-def group_size(F: int) -> int:
-    """Terms below 2**(F+2) in magnitude that int32 can sum without overflow."""
-    return max(1, 1 << (29 - F))
-
-
 def _group_sums(t, F: int):
     """Sum int32 terms (|t| < 2**(F+2)) over the term axis in groups small enough not to overflow
     int32; returns (..., G, M, N) partial sums."""
     L = t.shape[_T]
-    g = min(L, group_size(F))
+    g = max(1, min(L, 1 << (29 - F)))
     if g == L:
         return _treduce(t, jnp.add)[..., None, :, :]
     lead, (M, N) = t.shape[:_T], t.shape[_T + 1:]
@@ -150,11 +145,9 @@ def _specials(terms: _Terms, c: fm.Decoded):
     return is_nan, pos_inf, neg_inf
 
 
-def _int_align(tsig, texp, rs: int, sticky: bool, normalize: int | None, clamp: bool = False):
-    """Alignment in integers: ``tsig`` signed significands with ``F + rs`` fraction bits and
-    exponents ``texp`` (any shape). Returns (exponents for the max, align(E) -> int32 terms), where
-    ``E`` is broadcast to the terms' shape. ``clamp`` limits shifts to 31 (same result: ``|tsig|``
-    is below 2**31) for compilers where a shift by 32 or more is undefined (Triton)."""
+def _int_align(tsig, texp, rs: int, sticky: bool, normalize: int | None):
+    """Alignment in integers: ``tsig`` (..., M, N, L) signed significands with ``F + rs`` fraction
+    bits and exponents ``texp``. Returns (exponents for the max, align(E) -> int32 terms)."""
     mag = jnp.abs(tsig)
     exp_for_max = texp
     if normalize is not None:  # products >= 2 count one exponent higher
@@ -162,9 +155,7 @@ def _int_align(tsig, texp, rs: int, sticky: bool, normalize: int | None, clamp: 
 
     def align(E):
         # shifts of 32 or more give 0 for a non-negative operand (XLA semantics): no clamp
-        shift = E - texp + rs
-        if clamp:
-            shift = jnp.minimum(shift, 31)
+        shift = E[..., None, :, :] - texp + rs
         t = mag >> shift
         if sticky:
             lost = mag.astype(jnp.uint32) & ((jnp.uint32(1) << shift.astype(jnp.uint32)) - jnp.uint32(1))
@@ -179,74 +170,58 @@ def _float_align(prod, texp, F: int):
     """Alignment with exact float32 arithmetic, for products that are exact float32 numbers of
     small magnitude (fp16 and fp8 inputs): ``trunc(p * 2**(F - E))`` — the product, the scaling by
     a power of two and the truncating conversion are all exact, so no rounding (and no
-    re-association) can change a bit; results below 1 truncate to 0 whatever their precision.
-    ``E`` is broadcast to the products' shape."""
+    re-association) can change a bit; results below 1 truncate to 0 whatever their precision."""
 
     def align(E):
         scale = jax.lax.bitcast_convert_type(((F - E + 127) << 23).astype(jnp.int32), jnp.float32)
-        return (prod * scale).astype(jnp.int32)
+        return (prod * scale[..., None, :, :]).astype(jnp.int32)
 
     return texp, align
 
 
-def term_exponents(exp_for_max, model: BlockFMA, min_exp: int):
-    """Term exponents entering the block maximum: zero terms (sentinel exponents) count with
-    ``model.zero_exponent`` when that can matter (it is above the smallest nonzero exponent)."""
-    if model.zero_exponent is not None and min_exp < model.zero_exponent:
-        return jnp.where(exp_for_max < _ZERO_BELOW, model.zero_exponent, exp_for_max)
-    return exp_for_max
-
-
-def split_words(parts):
-    """Partial sums (a list of int32 arrays) -> (sum of their high 16-bit words, sum of their low
-    words): exact for up to 2**15 partial sums, in any order."""
-    hi, lo = parts[0] >> 16, parts[0] & 0xFFFF
-    for p in parts[1:]:
-        hi, lo = hi + (p >> 16), lo + (p & 0xFFFF)
-    return hi, lo
-
-
-def _fused(E_terms, sums, make_flags, make_c, cfrac: int, model: BlockFMA, *, nterms: int,
-           fraction_bits: int, sticky: bool, out: fm.FloatFormat, mode: str, rand):
+def _fused(exp_for_max, align, make_flags, make_c, cfrac: int, model: BlockFMA, *,
+           fraction_bits: int, sticky: bool, out: fm.FloatFormat, mode: str, rand, min_exp: int):
     """One fused block: align every term and the addend to the largest exponent, truncate toward
     zero ``fraction_bits`` below it, sum exactly, normalise and round once into ``out``.
 
-    ``E_terms`` (..., M, N): the largest of the ``nterms`` term exponents of each output (:func:`term_exponents`,
-    with the sentinels of :func:`_prepare`); ``sums(E)``: the terms truncated at
-    ``2**(E - fraction_bits)``, as a list of int32 partial sums (groups of :func:`group_size`).
-    ``make_flags()`` / ``make_c()`` decode the term flags and the addend from raw bits; the flags
-    only run inside a rarely taken branch (some output has a NaN/inf operand, or is an exact
-    zero), so XLA never materialises large arrays for them.
+    ``exp_for_max`` (..., M, N, L): term exponents with the sentinels of :func:`_prepare`;
+    ``align(E)``: the terms truncated at ``2**(E - fraction_bits)`` as int32 integers. ``min_exp``:
+    the smallest exponent a nonzero term can have (when it is above ``zero_exponent`` the
+    zero-term policy cannot change the result and is skipped). ``make_flags()`` / ``make_c()``
+    decode the term flags and the addend from raw bits; the flags only run inside a rarely taken
+    branch (some output has a NaN/inf operand, or is an exact zero), so XLA never materialises
+    large arrays for them.
     """
     c = make_c()
     F = fraction_bits
+    if model.zero_exponent is not None and min_exp < model.zero_exponent:
+        exp_for_max = jnp.where(exp_for_max < _ZERO_BELOW, model.zero_exponent, exp_for_max)
     c_exp = jnp.where(c.sig == 0, -_BIG if model.zero_exponent is None else model.zero_exponent, c.exp)
-    E = jnp.maximum(E_terms, c_exp)
+    E = jnp.maximum(_treduce(exp_for_max, jnp.maximum), c_exp)
     if model.min_exponent is not None:
         E = jnp.maximum(E, model.min_exponent)
-    parts = sums(E)
+    parts = _group_sums(align(E), F)
     csig = c.sig << (F - cfrac) if F >= cfrac else c.sig
-    cshift = jnp.clip(E - c.exp + max(cfrac - F, 0), 0, 31)  # below 0 only when C is zero
+    cshift = jnp.minimum(E - c.exp + max(cfrac - F, 0), 31)
     tc = csig >> cshift
     if sticky:
         tc = tc | ((csig & ((1 << cshift) - 1)) != 0).astype(jnp.int32)
     tc = jnp.where(c.sign != 0, -tc, tc)
     rounding = dict(overflow=model.overflow, subnormals=model.subnormal_outputs, rand=rand)
-    if nterms * 2 ** (F + 2) + 2 ** (F + 1) <= 2 ** 32:  # |terms| < 2**(F+2), |C| < 2**(F+1): |sum| < 2**32
-        if len(parts) == 1:  # one int32 partial sum: add C with wrap-around, the sign from the overflow
-            S = parts[0] + tc
-            over = ((parts[0] ^ S) & (tc ^ S)) < 0
-            neg = jnp.where(over, parts[0] < 0, S < 0)
-            u = jax.lax.bitcast_convert_type(S, jnp.uint32)
-            sign, mag = neg.astype(jnp.int32), jnp.where(neg, jnp.uint32(0) - u, u)
-        else:
-            hi, lo = split_words(parts + [tc])
-            sign, mhi, mlo = split_signed(hi, lo)
-            mag = (mhi << 16) | mlo
-        bits = round_pack32(sign, mag, E - F, out, mode, **rounding)
+    if exp_for_max.shape[_T] * 2 ** (F + 2) + 2 ** (F + 1) <= 2 ** 32 and parts.shape[_T] == 1:
+        # |terms| < 2**(F+2) and |C| < 2**(F+1), so |sum| < 2**32: the one int32 partial sum plus C
+        # with wrap-around, the sign taken from the overflow, and a one-word rounding (the usual
+        # case; half the operations of the two-word path below)
+        g = parts[..., 0, :, :]
+        S = g + tc
+        neg = jnp.where(((g ^ S) & (tc ^ S)) < 0, g < 0, S < 0)
+        u = jax.lax.bitcast_convert_type(S, jnp.uint32)
+        mag = jnp.where(neg, jnp.uint32(0) - u, u)
+        bits = round_pack32(neg.astype(jnp.int32), mag, E - F, out, mode, **rounding)
         exact_zero = mag == 0
     else:
-        hi, lo = split_words(parts + [tc])
+        hi = _treduce(parts >> 16, jnp.add) + (tc >> 16)
+        lo = _treduce(parts & 0xFFFF, jnp.add) + (tc & 0xFFFF)
         sign, mhi, mlo = split_signed(hi, lo)
         bits = round_pack(sign, mhi, mlo, E - F, out, mode, **rounding)
         exact_zero = (mhi | mlo) == 0
@@ -379,39 +354,8 @@ def fused_dot(a_bits, afmt: fm.FloatFormat, b_bits, bfmt: fm.FloatFormat, c_bits
 def fused_dot_prepared(p: Prepared, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, c_bits,
                        cfmt: fm.FloatFormat, model: BlockFMA, *, acc: str = "f32", key=None):
     """:func:`fused_dot` on operands already :func:`prepare`-d."""
-    K = p.a_bits.shape[-1]
-    F = model.fraction_bits
-    pre = F - (afmt.fraction_bits + bfmt.fraction_bits)
-    L = model.block_size
-    starts = range(0, K, L)
-
-    def block_terms(blk):
-        sl = slice(starts[blk], starts[blk] + L)
-        ab, bb = p.a_bits[..., sl], p.b_bits[..., sl, :]
-        flags = lambda: _product_flags(fm.decode(ab, afmt), fm.decode(bb, bfmt))  # noqa: E731
-        texp = _at(p.ea[..., sl]) + _bt(p.eb[..., sl, :])
-        if p.fa is not None:
-            emax, align = _float_align(_at(p.fa[..., sl]) * _bt(p.fb[..., sl, :]), texp, F)
-        else:
-            emax, align = _int_align(_at(p.sa[..., sl]) * _bt(p.sb[..., sl, :]), texp, max(-pre, 0), model.sticky,
-                                     F + max(-pre, 0) + 1 if model.normalize_products else None)
-        E_terms = _treduce(term_exponents(emax, model, afmt.emin + bfmt.emin), jnp.maximum)
-
-        def sums(E):
-            parts = _group_sums(align(E[..., None, :, :]), F)
-            return [parts[..., i, :, :] for i in range(parts.shape[_T])]
-
-        return E_terms, sums, flags, ab.shape[-1]
-
-    return fused_blocks(len(starts), block_terms, c_bits, cfmt, model, acc=acc, key=key)
-
-
-def fused_blocks(nblocks: int, block_terms, c_bits, cfmt: fm.FloatFormat, model: BlockFMA, *,
-                 acc: str = "f32", key=None):
-    """The chain of fused blocks of one instruction, the products supplied by ``block_terms(i)``
-    -> (E_terms, sums, make_flags, nterms) of block ``i`` (see :func:`_fused`): C enters the first block
-    (or is added last, ``model.addend``), each block's result is the next block's addend."""
     flush = not model.subnormal_inputs
+    K = p.a_bits.shape[-1]
     out = accumulator_format(model, acc)
     acc_fmt = fm.F16 if acc == "f16" else fm.F32
     mode = model.f16_rounding if acc == "f16" else model.rounding
@@ -420,6 +364,8 @@ def fused_blocks(nblocks: int, block_terms, c_bits, cfmt: fm.FloatFormat, model:
         d, read_fmt = jnp.zeros_like(c_bits), acc_fmt
     else:
         d, read_fmt = c_bits, cfmt
+    F = model.fraction_bits
+    pre = F - (afmt.fraction_bits + bfmt.fraction_bits)
 
     def rand_for(i):
         if "stochastic" not in (mode, model.addend_rounding):
@@ -428,12 +374,20 @@ def fused_blocks(nblocks: int, block_terms, c_bits, cfmt: fm.FloatFormat, model:
             raise ValueError("stochastic rounding needs a PRNG key: pass key=jax.random.key(...)")
         return jax.random.bits(jax.random.fold_in(key, i), c_bits.shape, jnp.uint32)
 
-    for blk in range(nblocks):
-        E_terms, sums, flags, nterms = block_terms(blk)
+    L = model.block_size
+    for blk, k0 in enumerate(range(0, K, L)):
+        sl = slice(k0, k0 + L)
+        ab, bb = p.a_bits[..., sl], p.b_bits[..., sl, :]
+        flags = lambda ab=ab, bb=bb: _product_flags(fm.decode(ab, afmt), fm.decode(bb, bfmt))  # noqa: E731
         c = lambda d=d, f=read_fmt: fm.decode(d, f, flush_subnormals=flush)  # noqa: E731
-        d = _fused(E_terms, sums, flags, c, read_fmt.fraction_bits, model, nterms=nterms,
-                   fraction_bits=model.fraction_bits,
-                   sticky=model.sticky, out=out, mode=mode, rand=rand_for(blk))
+        texp = _at(p.ea[..., sl]) + _bt(p.eb[..., sl, :])
+        if p.fa is not None:
+            emax, align = _float_align(_at(p.fa[..., sl]) * _bt(p.fb[..., sl, :]), texp, F)
+        else:
+            emax, align = _int_align(_at(p.sa[..., sl]) * _bt(p.sb[..., sl, :]), texp, max(-pre, 0), model.sticky,
+                                     F + max(-pre, 0) + 1 if model.normalize_products else None)
+        d = _fused(emax, align, flags, c, read_fmt.fraction_bits, model, fraction_bits=F, sticky=model.sticky,
+                   out=out, mode=mode, rand=rand_for(blk), min_exp=afmt.emin + bfmt.emin)
         read_fmt = acc_fmt
     if model.addend == "last":
         d = _add(d, acc_fmt, c_bits, cfmt, model, out=out, mode=model.addend_rounding, rand=rand_for(-1))
@@ -450,10 +404,10 @@ def _add(x_bits, xfmt: fm.FloatFormat, y_bits, yfmt: fm.FloatFormat, model: Bloc
         x = fm.decode(x_bits, xfmt)
         return _Terms(x.sign[..., None, :, :], x.is_nan[..., None, :, :], x.is_inf[..., None, :, :])
 
-    emax, align = _int_align(xs, xe, 0, True, None, clamp=True)
-    return _fused(term_exponents(emax, model, xfmt.emin), lambda E: [align(E)], xflags,
-                  lambda: fm.decode(y_bits, yfmt, flush_subnormals=flush), yfmt.fraction_bits, model, nterms=1,
-                  fraction_bits=26, sticky=True, out=out, mode=mode, rand=rand)
+    emax, align = _int_align(xs[..., None, :, :], xe[..., None, :, :], 0, True, None)
+    return _fused(emax, align, xflags, lambda: fm.decode(y_bits, yfmt, flush_subnormals=flush),
+                  yfmt.fraction_bits, model, fraction_bits=26, sticky=True, out=out, mode=mode, rand=rand,
+                  min_exp=xfmt.emin)
 
 
 def add(x_bits, y_bits, fmt: fm.FloatFormat = fm.F32, mode: str = "rne", *, rand=None):

@@ -84,20 +84,11 @@ def mma_bits(ins: Mma, a, b, c, model, *, arch="sm_90", key=None):
 
 
 def _float_prepared(ins: Mma, m: BlockFMA, prep, c, key):
-    fa, fb = fm.FORMATS[ins.atype], fm.FORMATS[ins.btype]
-    return float_mma(ins, m, c, lambda c, cfmt, acc: engine.fused_dot_prepared(prep, fa, fb, c, cfmt, m, acc=acc,
-                                                                             key=key))
-
-
-def float_mma(ins: Mma, m: BlockFMA, c, fused):
-    """A floating-point MMA around its fused blocks ``fused(c, cfmt, acc) -> d`` (the engine's
-    :func:`~tcemu._src.numerics.engine.fused_blocks` with the products of some source): C widened,
-    D narrowed, as the instruction's types require."""
     acc, cfmt, widen, narrow = _float_plan(ins, m)
     c = jnp.asarray(c).astype(jnp.uint32)
     if widen:
         c = engine.convert(c, fm.F16, fm.F32)
-    d = fused(c, cfmt, acc)
+    d = engine.fused_dot_prepared(prep, fm.FORMATS[ins.atype], fm.FORMATS[ins.btype], c, cfmt, m, acc=acc, key=key)
     return engine.convert(d, fm.F32, fm.F16, "rne") if narrow else d
 
 

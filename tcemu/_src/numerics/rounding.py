@@ -2,7 +2,8 @@
 
 A magnitude ``M`` is held as two uint32 words, ``M = hi * 2**16 + lo`` with ``lo < 2**16``
 (``hi < 2**31``), so sums of up to ~2**46 fit without 64-bit integers. :func:`round_pack` turns
-``(-1)**sign * M * 2**q`` into the bit pattern of a :class:`~tcemu._src.formats.FloatFormat`.
+``(-1)**sign * M * 2**q`` into the bit pattern of a :class:`~tcemu._src.formats.FloatFormat`;
+:func:`round_pack32` does the same in fewer operations for magnitudes below 2**32 (one word).
 
 Rounding modes: ``"rz"`` (toward zero), ``"rne"`` (nearest, ties to even), ``"rna"`` (nearest,
 ties away), ``"ru"`` (toward +inf), ``"rd"`` (toward -inf), ``"stochastic"`` (up with probability
@@ -48,9 +49,8 @@ def low_bits_nonzero(hi, lo, n):
 
 def leading_bit(hi, lo):
     """Index of the most significant set bit of M (-1 for M == 0)."""
-    as_i32 = lambda x: jax.lax.bitcast_convert_type(x, jnp.int32)  # noqa: E731 (Triton's clz is int32 only)
-    hz = jax.lax.clz(as_i32(hi))
-    lz = jax.lax.clz(as_i32(lo))
+    hz = jax.lax.clz(hi).astype(jnp.int32)
+    lz = jax.lax.clz(lo).astype(jnp.int32)
     return jnp.where(hi != 0, 47 - hz, 31 - lz)
 
 
@@ -89,7 +89,7 @@ def round_pack32(sign, m, q, fmt: FloatFormat, mode: str, *, overflow: str = "in
     the same bits in about half the operations."""
     _check_mode(mode, rand)
     p = fmt.fraction_bits
-    lz = jax.lax.clz(jax.lax.bitcast_convert_type(m, jnp.int32))  # 32 for m == 0
+    lz = jax.lax.clz(m).astype(jnp.int32)  # 32 for m == 0
     top = m << jnp.minimum(lz, 31).astype(_U)  # leading bit at position 31
     x = jnp.maximum(q + 31 - lz, fmt.emin)
     r = x - p - q + lz  # bits of `top` below the kept p + 1; at least 31 - p, so no left shifts
