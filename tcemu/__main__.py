@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import sys
 import time
 
@@ -19,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import tcemu
-from tcemu._src.studies import GPU_CONFIGS, curves_table, error_vs_k, fp32_chain_error, write_csv
+from tcemu._src.studies import (GPU_CONFIGS, config_label, curves_table, default_instruction, error_vs_k,
+                                fp32_chain_error, write_csv)
 
 
 def demo(args):
@@ -80,16 +82,13 @@ def demo(args):
 
 def _sweep(configs, ks, outputs):
     """Error curves of ``configs`` and the fp32-chain baselines, with a progress bar on stderr."""
-    fmts = list(dict.fromkeys(f for f, _, _ in configs))
-    jobs = [("base", f, None, None) for f in fmts] + [("emu",) + c for c in configs]
     curves, base = [], []
-    for i, (kind, fmt, arch, promo) in enumerate(jobs):
-        label = f"fp32 chain ({fmt})" if kind == "base" else f"{arch} {fmt}" + (f" + promotion/{promo}" if promo else "")
+    fmts = dict.fromkeys(f for f, _, _ in configs)
+    jobs = [(f"fp32 FMA chain ({f})", base, functools.partial(fp32_chain_error, f)) for f in fmts] + [
+        (config_label(*c), curves, functools.partial(error_vs_k, c[0], c[1], promotion_interval=c[2])) for c in configs]
+    for i, (label, into, run) in enumerate(jobs):
         _progress(i, len(jobs), label)
-        if kind == "base":
-            base.append(fp32_chain_error(fmt, ks, outputs=outputs))
-        else:
-            curves.append(error_vs_k(fmt, arch, ks, outputs=outputs, promotion_interval=promo))
+        into.append(run(ks, outputs=outputs))
     if sys.stderr.isatty():
         sys.stderr.write("\r" + " " * 80 + "\r")
     return curves, base
@@ -160,9 +159,9 @@ def probe(args):
     from tcemu._src.probe import expected
 
     arch = resolve(args.arch)
-    presets = tcemu.numerics(args.arch)  # the formats this architecture's MMAs take
-    fmts = [args.format] if args.format else [f for f, field in (("f16", "f16"), ("bf16", "bf16"), ("tf32", "tf32"),
-                                                                 ("e4m3", "fp8_mma")) if getattr(presets, field)]
+    presets = tcemu.numerics(args.arch)  # the formats whose GEMM instruction this architecture has numerics for
+    fmts = [args.format] if args.format else [
+        f for f in ("f16", "bf16", "tf32", "e4m3") if presets.for_instruction(parse(default_instruction(arch, f)))]
     if args.instruction:
         fmts = [parse(args.instruction).atype]
     model = parse_model(args.model) if args.model else None

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from tcemu._src import formats as fm
+from tcemu._src.gemm import quantize
 from tcemu._src.isa.parse import parse
 from tcemu._src.numerics import engine
 
@@ -31,6 +31,11 @@ DISTRIBUTIONS = ("uniform", "normal")
 GPU_CONFIGS = (("f16", "V100", None), ("f16", "A100", None), ("f16", "H100", None),
                ("bf16", "A100", None), ("bf16", "H100", None), ("tf32", "A100", None), ("tf32", "H100", None),
                ("e4m3", "L40S", None), ("e4m3", "H100", None), ("e4m3", "H100", 128), ("e4m3", "B200", None))
+
+
+def config_label(fmt: str, arch, promotion_interval: int | None = None) -> str:
+    """"H100 e4m3 + promotion/128": the name of one entry of :data:`GPU_CONFIGS` in tables and plots."""
+    return f"{arch} {fmt}" + ("" if promotion_interval is None else f" + promotion/{promotion_interval}")
 
 
 def default_instruction(arch, fmt: str) -> str:
@@ -74,8 +79,6 @@ def sample(fmt: str, shape, dist: str = "uniform", seed: int = 0) -> np.ndarray:
     x = rng.random(shape) if dist == "uniform" else rng.standard_normal(shape)
     x = x.astype(np.float32)
     if fmt == "tf32":
-        from tcemu._src.gemm import quantize
-
         return np.asarray(quantize(x, "tf32"))
     return x.astype(DTYPES[fmt])
 
@@ -141,7 +144,7 @@ def error_vs_k(fmt: str = "f16", arch="H100", ks=tuple(2 ** i for i in range(4, 
         rel = np.abs(got[i] - ref[i]) / np.maximum(np.abs(ref[i]), np.finfo(np.float64).tiny)
         mx.append(float(rel.max()))
         mn.append(float(rel.mean()))
-    name = label or f"{arch} {fmt}" + ("" if g is None else f" + promotion/{promotion_interval}")
+    name = label or config_label(fmt, arch, promotion_interval)
     return ErrorCurve(name, fmt, sp, tuple(ks), tuple(mx), tuple(mn))
 
 
