@@ -6,22 +6,118 @@
 * ``python -m tcemu layout SPELLING [--arch sm_90] [--matrix a] [--png out.png]``
 * ``python -m tcemu probe [--arch H100] [--format f16] [--instruction SPELLING] [--model k=v,...]``:
   feature tests of a preset or of a custom model, compared with the preset (exit 1 on a difference).
+
+A bad argument is reported argparse style, as one line on stderr ("tcemu probe: error: ...") with
+exit status 2.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
+import os
 import sys
 import time
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 import tcemu
+from tcemu._src.arch import resolve
 from tcemu._src.studies import (GPU_CONFIGS, config_label, curves_table, default_instruction, error_vs_k,
                                 fp32_chain_error, write_csv)
+
+KMAX = (32, 16384)  # demo lengths: powers of two from 16; fp8 MMAs have K = 32
+OUTPUTS = (1, 4096)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line on stderr ("tcemu probe: error: ..."), exit status 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {' '.join(str(message).split())}\n")
+
+
+@contextlib.contextmanager
+def _bad_argument(parser):
+    """An error tcemu raises for a bad command-line argument -> ``parser.error`` (one line, exit 2)."""
+    try:
+        yield
+    except (ValueError, TypeError, IndexError, NotImplementedError) as e:
+        parser.error(str(e))
+
+
+@contextlib.contextmanager
+def _writing(parser, path):
+    """An OSError while writing ``path`` -> ``parser.error`` (one line, exit 2)."""
+    try:
+        yield
+    except OSError as e:
+        parser.error(f"cannot write {path}: {e.strerror or e}")
+
+
+def _unwritable(path: str) -> str | None:
+    """Why ``path`` cannot be written as a new or replaced file, or None."""
+    if os.path.isdir(path):
+        return f"{path} is a directory"
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        return f"cannot write {path}: no such directory {parent}"
+    if not os.access(path if os.path.exists(path) else parent, os.W_OK):
+        return f"cannot write {path}: permission denied"
+    return None
+
+
+def _int_in(lo: int, hi: int):
+    """An argparse type: an integer in lo..hi."""
+    def parse(text):
+        try:
+            v = int(text)
+        except ValueError:
+            v = None
+        if v is None or not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"must be an integer from {lo} to {hi}, got {text!r}")
+        return v
+
+    return parse
+
+
+def _arch(text: str) -> str:
+    """An argparse type: a GPU or sm_XX name that tcemu knows (returned as given)."""
+    try:
+        resolve(text)
+    except (ValueError, TypeError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def _png(text: str) -> str:
+    """An argparse type: a writable path ending in .png."""
+    if not text.lower().endswith(".png"):
+        raise argparse.ArgumentTypeError(f"{text!r} does not end in .png")
+    why = _unwritable(text)
+    if why:
+        raise argparse.ArgumentTypeError(why)
+    return text
+
+
+def _prefix(text: str) -> str:
+    """An argparse type: a file prefix to which .csv and .png can be appended and written."""
+    if not os.path.basename(text):
+        raise argparse.ArgumentTypeError(f"{text!r} names no file; give a prefix such as dir/tcemu_demo")
+    for ext in (".csv", ".png"):
+        why = _unwritable(text + ext)
+        if why:
+            raise argparse.ArgumentTypeError(why)
+    return text
+
+
+def _model(text: str):
+    """An argparse type: :func:`parse_model`, its errors as argparse errors."""
+    try:
+        return parse_model(text)
+    except (ValueError, TypeError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def demo(args):
@@ -57,22 +153,26 @@ def demo(args):
           f"bits equal to value-level tcemu.mma: "
           f"{np.array_equal(d, np.asarray(tcemu.mma(mma.spelling, a, b, c, arch='sm_90')))}\n")
     # 2. accumulation error as K grows, per format and GPU
-    ks = [k for k in (2 ** i for i in range(4, 15)) if k <= args.kmax]
+    ks = [k for k in (2 ** i for i in range(4, 15)) if k <= args.kmax]  # args.kmax in KMAX: fp8 gets K = 32
     print(f"2. relative error against float64 of {args.outputs} dot products of U[0,1) inputs as K grows "
           f"({ks[0]} ... {ks[-1]}),\n   each a chain of the MMA a GEMM uses on that GPU (D of one "
           "instruction is C of the next)")
     curves, base = _sweep(GPU_CONFIGS, ks, args.outputs)
-    for line in curves_table(base + curves, [k for k in ks if k in (16, 64, 256, 1024, 4096, 16384)] or ks):
+    shown = [k for k in ks if k in (16, 64, 256, 1024, 4096)] + [ks[-1]]
+    for line in curves_table(base + curves, sorted(set(shown))):
         print("   " + line)
     print("\n   fp16/bf16/tf32: products aligned to the largest exponent and truncated 23 (V100), 24 (A100) or "
           "25 (H100)\n   bits below it; fp8 on H100 (wgmma) keeps a 13-bit accumulator, so its error grows with K "
           "until the\n   partial sums are promoted to fp32 every 128 products (DeepSeek-V3).")
-    write_csv(base + curves, args.out + ".csv")
+    with _writing(args.parser, args.out + ".csv"):
+        write_csv(base + curves, args.out + ".csv")
     try:
         from tcemu._src.draw import plot_error_curves
 
-        plot_error_curves(curves, args.out + ".png", baselines=base,
-                          title=f"Emulated tensor-core dot products vs float64 ({args.outputs} outputs, U[0,1) inputs)")
+        with _writing(args.parser, args.out + ".png"):
+            plot_error_curves(curves, args.out + ".png", baselines=base,
+                              title=f"Emulated tensor-core dot products vs float64 ({args.outputs} outputs, "
+                                    "U[0,1) inputs)")
         wrote = f"{args.out}.png and {args.out}.csv"
     except ImportError:
         wrote = f'{args.out}.csv (for the plot: pip install "tcemu[plot]")'
@@ -104,17 +204,25 @@ def _progress(i, n, what):
 
 
 def layout(args):
-    f = tcemu.ptx(args.spelling, arch=args.arch)
+    with _bad_argument(args.parser):
+        f = tcemu.ptx(args.spelling, arch=args.arch)
     frag = getattr(f, "fragment", None)
+    if frag is not None and args.matrix is not None:
+        args.parser.error(f"--matrix picks an operand of an MMA spelling; {args.spelling!r} has one fragment")
+    matrix = args.matrix or "a"
     if frag is None:
-        frag = dict(zip("abcd", (f.fa, f.fb, f.fc, f.fd)))[args.matrix]
-    title = f"{args.spelling}" + (f" [{args.matrix}]" if not hasattr(f, "fragment") else "") + f" on {f.arch}"
+        frag = dict(zip("abcd", (f.fa, f.fb, f.fc, f.fd)))[matrix]
+    title = f"{args.spelling}" + (f" [{matrix}]" if not hasattr(f, "fragment") else "") + f" on {f.arch}"
     print(f"{title}: {frag.rows} x {frag.cols}, {frag.nregs} registers/lane, "
           f"{frag.copies} cop{'y' if frag.copies == 1 else 'ies'} of each element ({frag.source})")
     if args.png:
         from tcemu._src.draw import draw_fragment
 
-        draw_fragment(frag, title=title, path=args.png)
+        try:
+            with _writing(args.parser, args.png):
+                draw_fragment(frag, title=title, path=args.png)
+        except ImportError as e:  # no matplotlib
+            args.parser.error(str(e))
         print(f"wrote {args.png}")
         return 0
     from tcemu._src.draw import holders
@@ -131,45 +239,62 @@ def layout(args):
 
 def parse_model(text: str):
     """``"fraction_bits=24,block_size=16,rounding=rne"`` -> :class:`tcemu.BlockFMA` (values are
-    Python literals; bare words are strings; commas inside brackets belong to the value)."""
+    Python literals; bare words are strings; commas inside brackets belong to the value). Raises a
+    ValueError or TypeError naming the item or field that is wrong."""
     import ast
     import re
 
-    fields = {f.name for f in dataclasses.fields(tcemu.BlockFMA)}
+    fields = [f.name for f in dataclasses.fields(tcemu.BlockFMA)]
     kw = {}
     for item in re.split(r",(?![^()\[\]]*[)\]])", text):
         if not item.strip():
             continue
         if "=" not in item:
-            raise ValueError(f"--model item {item!r} is not name=value")
+            raise ValueError(f"item {item.strip()!r} is not name=value")
         k, v = (x.strip() for x in item.split("=", 1))
         if k not in fields:
-            raise ValueError(f"--model: unknown field {k!r}; valid: {sorted(fields)}")
+            raise ValueError(f"unknown BlockFMA field {k!r}; valid: {', '.join(fields)}")
+        if k in kw:
+            raise ValueError(f"field {k!r} given twice")
         try:
             kw[k] = ast.literal_eval({"true": "True", "false": "False", "none": "None"}.get(v.lower(), v))
-        except (ValueError, SyntaxError):
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             kw[k] = v
+    if not kw:
+        raise ValueError(f"{text!r} sets no field; give name=value items, e.g. fraction_bits=24,block_size=16")
     return tcemu.BlockFMA(**kw)
 
 
 def probe(args):
-    from tcemu._src.arch import resolve
     from tcemu._src.isa.parse import parse
-    from tcemu._src.numerics.mma import resolve_model
-    from tcemu._src.probe import expected
+    from tcemu._src.numerics.mma import check_arch, resolve_model
+    from tcemu._src.probe import expected, probe_instruction
 
     arch = resolve(args.arch)
-    presets = tcemu.numerics(args.arch)  # the formats whose GEMM instruction this architecture has numerics for
-    fmts = [args.format] if args.format else [
-        f for f in ("f16", "bf16", "tf32", "e4m3") if presets.for_instruction(parse(default_instruction(arch, f)))]
-    if args.instruction:
-        fmts = [parse(args.instruction).atype]
-    model = parse_model(args.model) if args.model else None
+    with _bad_argument(args.parser):
+        presets = tcemu.numerics(arch)  # the formats whose GEMM instruction this architecture has numerics for
+        if args.instruction is not None:
+            ins = probe_instruction(args.instruction)
+            if args.format is not None and args.format != ins.atype:
+                raise ValueError(f"--format {args.format} disagrees with --instruction, which takes {ins.atype} "
+                                 "inputs (give one of them, or the same format)")
+            fmts = [ins.atype]
+        elif args.format is not None:
+            fmts = [args.format]
+        else:
+            fmts = [f for f in ("f16", "bf16", "tf32", "e4m3")
+                    if presets.for_instruction(parse(default_instruction(arch, f)))]
+        for fmt in fmts:  # the preset compared with: on this architecture, for this instruction
+            ins = parse(args.instruction or default_instruction(arch, fmt))
+            check_arch(ins, arch)
+            resolve_model(ins, None, arch)
+    model = args.model
     what = "your model" if model is not None else "the preset"
     print(f"tcemu probe: feature tests (Fasi et al. 2021; Khattak & Mikaitis 2025) on {what} for {args.arch}\n")
     mismatches = 0
     for fmt in fmts:
-        r = tcemu.probe(args.arch, fmt, instruction=args.instruction, model=model)
+        with _bad_argument(args.parser):
+            r = tcemu.probe(arch, fmt, instruction=args.instruction, model=model)
         preset = resolve_model(parse(r.instruction), None, arch)
         want = expected(preset, r.instruction)
         print(f"{fmt} inputs: {r.instruction}")
@@ -192,27 +317,34 @@ def probe(args):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="tcemu", description="Bit-exact NVIDIA tensor-core emulation")
+    ap = _Parser(prog="tcemu", description="Bit-exact NVIDIA tensor-core emulation",
+                 epilog="A bad argument: one line on stderr, exit status 2.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="register-level walk-through and accumulation error per GPU")
-    d.add_argument("--kmax", type=int, default=16384, help="longest dot product (K = 16, 32, ... up to this)")
-    d.add_argument("--outputs", type=int, default=512, help="dot products per configuration")
-    d.add_argument("--out", default="tcemu_demo", help="prefix of the PNG and CSV written")
+    d.add_argument("--kmax", type=_int_in(*KMAX), default=16384,
+                   help=f"longest dot product, {KMAX[0]} to {KMAX[1]} (default 16384): K = 16, 32, 64, ... up "
+                        "to it (fp8 MMAs start at K = 32)")
+    d.add_argument("--outputs", type=_int_in(*OUTPUTS), default=512,
+                   help=f"dot products per configuration, {OUTPUTS[0]} to {OUTPUTS[1]} (default 512)")
+    d.add_argument("--out", type=_prefix, default="tcemu_demo",
+                   help="prefix of the files written: OUT.csv and (with matplotlib) OUT.png (default tcemu_demo)")
     lay = sub.add_parser("layout", help="print which lane/register holds each element of a fragment")
-    lay.add_argument("spelling")
-    lay.add_argument("--arch", default="sm_90")
-    lay.add_argument("--matrix", default="a", choices="abcd", help="operand of an MMA spelling")
-    lay.add_argument("--png", help="draw the layout into this PNG file (needs matplotlib)")
+    lay.add_argument("spelling", help="a wmma.load/store, ldmatrix/stmatrix or mma.sync/wmma.mma spelling")
+    lay.add_argument("--arch", type=_arch, default="sm_90", help="GPU name or sm_XX (default sm_90)")
+    lay.add_argument("--matrix", choices="abcd", help="operand of an MMA spelling (default a); MMAs only")
+    lay.add_argument("--png", type=_png, help="draw the layout into this .png file (needs matplotlib)")
     pr = sub.add_parser("probe", help="feature tests of an MMA: alignment bits, block size, rounding, ...")
-    pr.add_argument("--arch", default="H100", help="GPU name or sm_XX whose preset is probed / compared")
-    pr.add_argument("--format", choices=["f16", "bf16", "tf32", "e4m3", "e5m2"], help="input format (default: all)")
-    pr.add_argument("--instruction", help="MMA spelling to probe (f32 C/D; default: what GEMMs use)")
-    pr.add_argument("--model", help='a BlockFMA to probe instead of the preset, e.g. "fraction_bits=24,block_size=16"')
+    pr.add_argument("--arch", type=_arch, default="H100", help="GPU name or sm_XX whose preset is probed / compared")
+    pr.add_argument("--format", choices=["f16", "bf16", "tf32", "e4m3", "e5m2"],
+                    help="input format, probed on the MMA GEMMs use on --arch (default: every format the preset "
+                         "covers); with --instruction it must be that instruction's A format (an error otherwise)")
+    pr.add_argument("--instruction", help="MMA spelling to probe (f32 C and D; default: what GEMMs use); "
+                                          "its A format is the one probed")
+    pr.add_argument("--model", type=_model,
+                    help='a BlockFMA to probe instead of the preset, e.g. "fraction_bits=24,block_size=16"')
     args = ap.parse_args(argv)
-    try:
-        return {"demo": demo, "layout": layout, "probe": probe}[args.cmd](args)
-    except (ValueError, NotImplementedError) as e:  # bad spellings, models, architectures
-        ap.exit(2, f"tcemu {args.cmd}: error: {e}\n")
+    args.parser = sub.choices[args.cmd]
+    return {"demo": demo, "layout": layout, "probe": probe}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,54 @@
-"""Shared test helpers: hardware capture data (tests/data) and the published peer vectors."""
+"""Shared test helpers: hardware capture data (tests/data), the published peer vectors, and the
+x64 modes the tests run under.
+
+``TCEMU_X64`` selects them: ``1`` turns ``jax_enable_x64`` on for the whole session (to run any
+test file, or the entire suite, with x64 on); ``0`` leaves it off everywhere; unset (CI), it is off
+and the hardware-comparison modules (:data:`X64_MODULES`) run every test a second time with x64 on
+(test ids ``[x32-...]`` and ``[x64-...]``), so that the hardware suite is checked both ways
+(``-k x64`` selects the second run).
+"""
 from __future__ import annotations
 
 import functools
 import os
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).resolve().parents[1]
+
+X64_ENV = os.environ.get("TCEMU_X64")
+# Modules whose tests also run with x64 on when TCEMU_X64 is unset.
+X64_MODULES = ("test_wmma_mma_hw", "test_mma_sync_hw", "test_wgmma_hw", "test_peer_vectors", "test_engine_exact",
+               "test_signed_zeros_hw")
+
+
+def pytest_configure(config):
+    if X64_ENV not in (None, "0", "1"):
+        raise pytest.UsageError(f"TCEMU_X64={X64_ENV!r}; valid: 0 (x64 off), 1 (x64 on), or unset")
+    if X64_ENV == "1":  # before any test module is imported
+        jax.config.update("jax_enable_x64", True)
+
+
+def pytest_generate_tests(metafunc):
+    if X64_ENV is None and metafunc.module.__name__ in X64_MODULES:
+        metafunc.parametrize("x64_mode", [False, True], ids=["x32", "x64"], indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def x64_mode(request):
+    """jax_enable_x64 for the tests of a module that :func:`pytest_generate_tests` parametrised
+    (module scope: hypothesis tests may not use function-scoped fixtures, and each mode's tests
+    run together); elsewhere the session's setting, unchanged."""
+    on = getattr(request, "param", None)
+    if on is None:
+        yield jax.config.jax_enable_x64
+        return
+    with jax.enable_x64(on):
+        yield on
 
 
 @functools.lru_cache(maxsize=None)
@@ -27,7 +66,5 @@ def peer_dir() -> Path | None:
 @pytest.fixture
 def x64():
     """Run a test with jax_enable_x64 on (the f64 paths need it)."""
-    import jax
-
     with jax.enable_x64(True):
         yield

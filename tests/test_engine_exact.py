@@ -70,12 +70,13 @@ def _engine_vs_exact(m, fmt, acc, spread, seed):
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(mi=st.integers(0, len(MODELS) - 1), fmt=st.sampled_from(sorted(FORMATS)), seed=st.integers(0, 2 ** 31 - 1))
-def test_deferred_specials_flag_every_output_they_change(mi, fmt, seed):
+@given(mi=st.integers(0, len(MODELS) - 1), fmt=st.sampled_from(sorted(FORMATS)), seed=st.integers(0, 2 ** 31 - 1),
+       exact_zero=st.sampled_from(["+0", "ieee"]))
+def test_deferred_specials_flag_every_output_they_change(mi, fmt, seed, exact_zero):
     """Under ``engine.deferred_specials`` (GEMM fast path) every output whose bits would differ
     from the exact path comes back as NaN: random bit patterns (NaN, inf, subnormals, zeros of both
     signs), C with specials, all-negative-zero rows and exact cancellations."""
-    m, f = MODELS[mi], FORMATS[fmt]
+    m, f = MODELS[mi].replace(exact_zero=exact_zero), FORMATS[fmt]
     rng = np.random.default_rng(seed)
     n, K = 64, 32
     keep = np.uint32(((1 << f.storage_bits) - 1) & ~((1 << f.shift) - 1))
@@ -93,7 +94,27 @@ def test_deferred_specials_flag_every_output_they_change(mi, fmt, seed):
         fast = np.asarray(engine.fused_dot(x, f, y, f, jnp.asarray(c)[:, None, None], fm.F32, m)).ravel()
     flagged = np.isnan(fast.view(np.float32))
     np.testing.assert_array_equal(fast[~flagged], exact[~flagged])
-    assert flagged[2:7].all() and (exact[5:7] == 0x80000000).all()
+    assert flagged[2:5].all()
+    if exact_zero == "ieee" and m.rounding != "rd":  # all addends -0: IEEE -0 (the slow path's sign)
+        assert flagged[5:7].all() and (exact[5:7] == 0x80000000).all()
+    elif exact_zero == "+0":  # a tensor core's exact zero is +0, also when every addend is -0
+        assert (exact[5:7] == 0).all()
+
+
+@pytest.mark.parametrize("mode", ["rz", "rne", "ru", "rd"])
+def test_exact_zero_sign(mode):
+    """Sums that are exactly zero: +0 under exact_zero="+0"; under "ieee" -0 when every addend is
+    -0, and under "rd" for every exact zero that is not a sum of +0s (IEEE 754, 6.3)."""
+    one, mone, neg0 = 0x3C00, 0xBC00, 0x8000
+    a = np.array([[one, one], [neg0, neg0], [0, 0], [one, one]], np.uint32)[:, None, :]
+    b = np.array([[one, mone], [one, one], [one, one], [one, mone]], np.uint32)[:, :, None]
+    c = np.array([0x80000000, 0x80000000, 0, 0], np.uint32)[:, None, None]  # 1 - 1 - 0, -0 - 0 - 0, +0, 1 - 1 + 0
+    want = {"+0": [0, 0, 0, 0],
+            "ieee": [0x80000000, 0x80000000, 0, 0x80000000] if mode == "rd" else [0, 0x80000000, 0, 0]}
+    for ez, w in want.items():
+        m = tcemu.BlockFMA(fraction_bits=25, block_size=2, rounding=mode, exact_zero=ez)
+        got = engine.fused_dot(jnp.asarray(a), fm.F16, jnp.asarray(b), fm.F16, jnp.asarray(c), fm.F32, m)
+        assert np.asarray(got).ravel().tolist() == w, (ez, mode)
 
 
 def _fasi(model, a, b, c, out="f32"):

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 import tcemu
-from tcemu._src.gemm import gemm_bits
 from tcemu._src.isa.wmma import matrix_to_fragment, fragment_to_matrix, mma_sync_fragments
 from conftest import ROOT
 

@@ -105,8 +105,8 @@ def test_probe_cli_preset_and_errors(capsys):
     with pytest.raises(SystemExit) as e:
         main(["probe", "--model", "bogus=1"])
     assert e.value.code == 2
-    assert "unknown field 'bogus'" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="takes f16 inputs, not bf16"):
+    assert "unknown BlockFMA field 'bogus'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="fmt='bf16' disagrees with the instruction: .* takes f16 inputs"):
         tcemu.probe("H100", "bf16", instruction="mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32")
     with pytest.raises(ValueError, match="f32 C and D"):
         tcemu.probe("H100", instruction="mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16")

@@ -31,9 +31,8 @@ def test_all_forms_captured_and_layout_sanity_passed():
     assert all(int(z[f + ".sanity_mismatches"]) == 0 for f in forms())
 
 
-@pytest.mark.parametrize("sp", forms())
-def test_wgmma_value_level_matches_h200(sp):
-    z = capture(CAP)
+def emulate(z, sp):
+    """tcemu.mma on the operands of capture ``z`` for wgmma ``sp``, as D registers (T, 128, nd)."""
     ins = parse(sp)
     fa, _, fc, fd = mma_sync_fragments(parse("mma.sync.aligned." + PER_WARP[ins.atype].format(d=ins.dtype)))
 
@@ -45,8 +44,13 @@ def test_wgmma_value_level_matches_h200(sp):
     d = tcemu.mma(sp, fm.from_bits(A, ins.atype), fm.from_bits(jnp.asarray(z[sp + ".b"]), ins.btype),
                   fm.from_bits(C, ins.ctype), arch="H200")
     bits = fm.to_bits(d, ins.dtype)
-    got = np.concatenate([np.asarray(jax.vmap(lambda x: matrix_to_fragment(x[16 * w:16 * w + 16], fd))(bits))
-                          for w in range(4)], axis=1)
-    bad = got != z[sp + ".d_regs"]
+    return np.concatenate([np.asarray(jax.vmap(lambda x: matrix_to_fragment(x[16 * w:16 * w + 16], fd))(bits))
+                           for w in range(4)], axis=1)
+
+
+@pytest.mark.parametrize("sp", forms())
+def test_wgmma_value_level_matches_h200(sp):
+    z = capture(CAP)
+    bad = emulate(z, sp) != z[sp + ".d_regs"]
     per_class = {str(n): int(bad[z[sp + ".class"] == i].sum()) for i, n in enumerate(z[sp + ".classes"])}
     assert not bad.any(), f"mismatching register words per input class: {per_class}"

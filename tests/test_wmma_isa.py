@@ -107,7 +107,7 @@ def test_register_and_address_validation():
         ld(regs, mem, dst=range(8), p=0, stride=24)
     with pytest.raises(IndexError, match="outside the memory"):
         ld(regs, mem, dst=range(8), p=4096 - 256)
-    with pytest.raises(ValueError, match="1-D uint8"):
+    with pytest.raises(TypeError, match="1-D uint8"):
         ld(regs, jnp.zeros(64, jnp.int32), dst=range(8), p=0)
     mma = tcemu.ptx("wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32", arch="sm_90")
     with pytest.raises(ValueError, match="c= needs 8 registers"):

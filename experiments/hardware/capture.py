@@ -285,14 +285,14 @@ def wmma_family(f: Kn.WmmaMma) -> str:
     return {"f16": "f16", "bf16": "bf16tf32", "tf32": "bf16tf32", "f64": "f64"}.get(f.atype, "int")
 
 
-def mma_operands(f, rng, per_class):
+def mma_operands(f, rng, per_class, float_classes=None):
     """Logical operands for one wmma.mma form: dict of A, B, C bits (T, rows, cols) + class ids."""
     M, N, K = S.SHAPES[f.shape]
     if f.atype in ("s8", "u8", "s4", "u4", "b1"):
         classes = I.INT_CLASSES
         parts = [I.int_operands(c, rng, f.atype, per_class, M, N, K) for c in classes]
     else:
-        classes = I.FLOAT_CLASSES + (("tf32raw",) if f.atype == "tf32" else ())
+        classes = float_classes or I.FLOAT_CLASSES + (("tf32raw",) if f.atype == "tf32" else ())
         parts = []
         for c in classes:
             if c == "tf32raw":  # full fp32 patterns in tf32 operands: what does the load keep?
@@ -314,12 +314,15 @@ def to_bits_unsigned(x, bits):
     return (x.astype(np.int64) & ((1 << bits) - 1)).astype(np.uint64)
 
 
-def capture_wmma_mma(gpu, rng, main_per_class=32, other_per_class=2):
+def capture_wmma_mma(gpu, rng, main_per_class=32, other_per_class=2, spellings=None, float_classes=None):
+    """Every wmma.mma form (or those in ``spellings``) on the input classes of ``inputs.py``."""
     out = {}
     for f in Kn.wmma_mma_forms():
+        if spellings is not None and f.spelling not in spellings:
+            continue
         M, N, K = S.SHAPES[f.shape]
         per = main_per_class if is_main(f) else other_per_class
-        a, b, c, cls, classes = mma_operands(f, rng, per)
+        a, b, c, cls, classes = mma_operands(f, rng, per, float_classes)
         T = a.shape[0]
         bits = S.ELEMENT_BITS
         ab, bb, cb, db = bits[f.atype], bits[f.btype], bits[f.ctype], bits[f.dtype]
@@ -415,16 +418,75 @@ def capture_mma_sync(gpu, rng, main_per_class=24, other_per_class=4):
         a = np.concatenate([p[0] for p in parts])
         b = np.concatenate([p[1] for p in parts])
         c = np.concatenate([p[2] for p in parts])
-        T = a.shape[0]
         regs_in = np.concatenate([_pack_slots(a, bits[at], f.na), _pack_slots(b, bits[bt], f.nb),
                                   _pack_slots(c, bits[ct], f.nc)], axis=2)
-        regs_out = np.zeros((T, 32, f.nd), np.uint32)
-        (regs_out,) = gpu.run(f.name, T, [regs_in.ravel(), regs_out.ravel()], [1])
-        out[short + ".regs_in"] = regs_in
-        out[short + ".regs_out"] = regs_out.reshape(T, 32, f.nd)
-        out[short + ".class"] = np.repeat(np.arange(len(classes)), per).astype(np.int8)
-        out[short + ".classes"] = np.array(classes)
-        out[short + ".nregs"] = np.array([f.na, f.nb, f.nc, f.nd])
+        out |= _run_mma_sync(gpu, f, short, regs_in, classes, per)
+    return out
+
+
+def _run_mma_sync(gpu, f, short, regs_in, classes, per_class):
+    """Run mma.sync form ``f`` on ``regs_in`` (T, 32, na+nb+nc): the capture's arrays of ``short``."""
+    T = regs_in.shape[0]
+    regs_out = np.zeros((T, 32, f.nd), np.uint32)
+    (regs_out,) = gpu.run(f.name, T, [regs_in.ravel(), regs_out.ravel()], [1])
+    return {short + ".regs_in": regs_in, short + ".regs_out": regs_out.reshape(T, 32, f.nd),
+            short + ".class": np.repeat(np.arange(len(classes)), per_class).astype(np.int8),
+            short + ".classes": np.array(classes), short + ".nregs": np.array([f.na, f.nb, f.nc, f.nd])}
+
+
+def capture_mma_sync_logical(gpu, rng, shorts, classes, per_class):
+    """mma.sync on logical matrices (A (T, M, K), B, C) placed in the registers by tcemu's PTX
+    fragment tables (checked on this hardware by ``capture_mma_sync``), so that structure along K
+    (pairs of cancelling products) survives. Same keys as ``capture_mma_sync``, plus ``.a/.b/.c``."""
+    from tcemu._src.isa.parse import parse
+    from tcemu._src.isa.wmma import mma_sync_fragments
+
+    out = {}
+    bits = S.ELEMENT_BITS | {"e4m3": 8, "e5m2": 8}
+    forms = {f.spelling.replace("mma.sync.aligned.", ""): f for f in Kn.mma_sync_forms()}
+    for short in shorts:
+        f = forms[short]
+        dt, at, bt, ct = _ms_types(f.spelling)
+        ins = parse(f.spelling)
+        if ins.shape == "m8n8k4":  # four independent 8x8x4 MMAs, one per quad pair: A 32x4, B 4x32, C 32x8
+            parts = []
+            for cl in classes:
+                q = [I.float_operands(cl, rng, (at, bt), ct, per_class, 8, 8, 4) for _ in range(4)]
+                parts.append((np.concatenate([x[0] for x in q], 1), np.concatenate([x[1] for x in q], 2),
+                              np.concatenate([x[2] for x in q], 1)))
+        else:
+            parts = [I.float_operands(cl, rng, (at, bt), ct, per_class, ins.m, ins.n, ins.k) for cl in classes]
+        a, b, c = (np.concatenate([p[i] for p in parts]) for i in range(3))
+        regs = []
+        for mat, frag, n, et in zip((a, b, c), mma_sync_fragments(ins)[:3], (f.na, f.nb, f.nc), (at, bt, ct)):
+            rc = frag.coords  # (32 lanes, values, (row, col))
+            regs.append(_pack_slots(mat[:, rc[..., 0], rc[..., 1]], bits[et], n))
+        out |= _run_mma_sync(gpu, f, short, np.concatenate(regs, axis=2), classes, per_class)
+        for k, v in zip("abc", (a, b, c)):
+            out[f"{short}.{k}"] = v
+    return out
+
+
+# Forms of the signed-zero capture: every accumulator type of wmma, mma.sync and wgmma on sm_90.
+SZ_WMMA = tuple(f"wmma.mma.sync.aligned.row.col.m16n16k16.{d}.{c}" for d in ("f16", "f32") for c in ("f16", "f32")) + (
+    "wmma.mma.sync.aligned.row.col.m16n16k16.f32.bf16.bf16.f32", "wmma.mma.sync.aligned.row.col.m16n16k8.f32.tf32.tf32.f32")
+SZ_MMA_SYNC = tuple(f"{s}.row.col.{d}.f16.f16.{d}" for s in ("m16n8k16", "m16n8k8", "m8n8k4") for d in ("f32", "f16")) + (
+    "m16n8k16.row.col.f32.bf16.bf16.f32", "m16n8k8.row.col.f32.tf32.tf32.f32", "m16n8k4.row.col.f32.tf32.tf32.f32",
+    "m16n8k32.row.col.f32.e4m3.e4m3.f32", "m16n8k32.row.col.f16.e4m3.e4m3.f16", "m16n8k32.row.col.f32.e5m2.e5m2.f32",
+    "m16n8k32.row.col.f16.e5m2.e4m3.f16")
+
+
+def capture_signed_zeros(gpu, rng, per_class=12, wgmma_gpu=None):
+    """Results at or near zero (inputs.ZERO_CLASSES) for the sign of zero, on every accumulator type:
+    wmma.mma (value/register level keys as ``capture_wmma_mma``), mma.sync (logical operands placed
+    by the PTX fragments) and wgmma (keys as ``wgmma.run``)."""
+    classes = I.ZERO_CLASSES
+    out = capture_wmma_mma(gpu, rng, per_class, per_class, spellings=SZ_WMMA, float_classes=classes)
+    out |= capture_mma_sync_logical(gpu, rng, SZ_MMA_SYNC, classes, per_class)
+    if wgmma_gpu is not None:
+        import wgmma
+
+        out |= wgmma.run(wgmma_gpu, rng, per_class, float_classes=classes)
     return out
 
 
@@ -475,7 +537,8 @@ def meta(dry):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--only", default="layouts,wmma,mma_sync,ldst")
+    ap.add_argument("--only", default="layouts,wmma,mma_sync,ldst",
+                    help="comma-separated parts: layouts, wmma, mma_sync, ldst, signed_zeros (not in the default)")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     outdir = Path(args.out)
@@ -506,6 +569,13 @@ def main():
     if "ldst" in parts:
         np.savez_compressed(outdir / "ldstmatrix_sm90.npz", **capture_ldst(gpu, rng))
         print("ldmatrix/stmatrix done", flush=True)
+    if "signed_zeros" in parts:  # its own generator: the other captures' inputs stay as they were
+        import wgmma
+
+        wg = wgmma.DryGpu() if args.dry_run else wgmma.Gpu(Path(os.environ.get("TMPDIR", "/tmp")))
+        data = capture_signed_zeros(gpu, np.random.default_rng(SEED + 3), wgmma_gpu=wg)
+        np.savez_compressed(outdir / "signed_zeros_sm90.npz", **data)
+        print(f"signed zeros: {len(data)} arrays", flush=True)
     info["seconds"] = round(time.time() - t0, 1)
     (outdir / "meta.json").write_text(json.dumps(info, indent=1))
     for p in sorted(outdir.iterdir()):

@@ -21,6 +21,11 @@ _NP = {"f16": np.float16, "bf16": ml_dtypes.bfloat16, "f32": np.float32, "f64": 
 FLOAT_CLASSES = ("normal", "positive", "spread", "cancel", "dominant", "special", "bigc", "tiny",
                  "overflow")
 INT_CLASSES = ("random", "extreme", "small")
+# Results that are zero or nearly so, for the sign of zero (capture.py --only signed_zeros):
+# products cancelling in exact pairs, products cancelling only after alignment (the small terms are
+# truncated away), all products signed zeros, and C = -(A @ B) exactly; C is +-0, tiny
+# (subnormal, truncated away), small or ordinary, of both signs.
+ZERO_CLASSES = ("zcancel", "ztrunc", "zprod", "zexact")
 
 
 def from_float(x: np.ndarray, fmt: str) -> np.ndarray:
@@ -144,6 +149,8 @@ def float_operands(cls: str, rng: np.random.Generator, fmt_ab, fmt_c, T, M, N, K
         mix = rng.random((T, 1, N)) < 0.3
         b = np.where(mix, from_float(randn(sb), fb), b)
         return a, b, c
+    if cls in ZERO_CLASSES:
+        return zero_operands(cls, rng, fa, fb, fmt_c, T, M, N, K)
     if cls == "overflow":
         a = exps_bits(rng, fa, sa, max_exp_field(fa) - 1, max_exp_field(fa))
         b = exps_bits(rng, fb, sb, max_exp_field(fb) - 1, max_exp_field(fb))
@@ -174,3 +181,82 @@ def int_operands(cls: str, rng, t: str, T, M, N, K):
     else:
         raise ValueError(cls)
     return a.astype(np.int32), b.astype(np.int32), c.astype(np.int32)
+
+
+def _signed_c(rng, fmt_c, shape, scale):
+    """C of every sign and size around a result near zero: +-0, +-tiny (exponent field 0..3, i.e.
+    subnormal or barely normal), +-small (``scale`` * 2**-30) and +-ordinary (``scale``)."""
+    kind = rng.integers(0, 4, size=shape)
+    sign = rng.integers(0, 2, size=shape)
+    tiny = exps_bits(rng, fmt_c, shape, 0, 3, sign=0)
+    mag = np.abs(rng.standard_normal(shape)) + 0.5
+    small = from_float(mag * scale * 2.0 ** -30, fmt_c)
+    ordinary = from_float(mag * scale, fmt_c)
+    c = np.where(kind == 0, np.zeros_like(tiny), np.where(kind == 1, tiny, np.where(kind == 2, small, ordinary)))
+    eb, mb, _ = FORMATS[fmt_c]
+    sbit = (1 << (eb + mb)) << (13 if fmt_c == "tf32" else 0)
+    return np.where(sign == 1, c | STORAGE[fmt_c](sbit), c).astype(STORAGE[fmt_c])
+
+
+def _pow2(rng, shape, lo, hi):
+    return 2.0 ** rng.integers(lo, hi + 1, size=shape)
+
+
+def zero_operands(cls, rng, fa, fb, fmt_c, T, M, N, K):
+    """Operands of the ZERO_CLASSES (bit patterns as :func:`float_operands` returns them)."""
+    sa, sb, sc = (T, M, K), (T, K, N), (T, M, N)
+    # magnitudes every input format holds exactly (at most 3 significant bits times a power of
+    # two): "big" products 2**12..2**14 and "small" ones 2**-18..2**-10, most of them below the
+    # alignment window of 25 bits under the big ones (e4m3's small values are its subnormals)
+    small_exp = (-7, -7) if "e4m3" in (fa, fb) else (-7, -6)
+    sig = lambda shape: rng.integers(1, 8, size=shape) / 4.0  # noqa: E731
+    sgn = lambda shape: np.where(rng.random(shape) < 0.5, -1.0, 1.0)  # noqa: E731
+    h = 2 * (K // 2)
+    if cls == "zcancel":  # products in pairs p, -p
+        a = sgn(sa) * sig(sa) * _pow2(rng, sa, 1, 6)
+        b = sgn(sb) * sig(sb) * _pow2(rng, sb, 1, 6)
+        a[..., 1:h:2] = -a[..., 0:h:2]
+        b[:, 1:h:2, :] = b[:, 0:h:2, :]
+        scale = 2.0 ** 4
+    elif cls == "ztrunc":  # one big pair cancelling, the other terms far below the alignment window
+        a = sig(sa) * _pow2(rng, sa, *small_exp)
+        b = sig(sb) * _pow2(rng, sb, *small_exp)
+        # per tile, the small products' signs: random, all negative or all positive
+        mode = rng.integers(0, 3, size=(T, 1, 1))
+        a = np.where(mode == 0, sgn(sa) * a, np.where(mode == 1, -a, a))
+        big_a = rng.integers(4, 8, size=(T, M)) / 4.0 * 2.0 ** 6
+        big_b = rng.integers(4, 8, size=(T, N)) / 4.0 * 2.0 ** 6
+        k = rng.integers(0, h // 2, size=T) * 2
+        for t in range(T):
+            a[t, :, k[t]] = big_a[t]
+            a[t, :, k[t] + 1] = -big_a[t]
+            b[t, k[t], :] = big_b[t]
+            b[t, k[t] + 1, :] = big_b[t]
+        scale = 2.0 ** 12
+    elif cls == "zprod":  # every product a signed zero
+        mode = rng.integers(0, 4, size=(T, 1, 1))  # signs: random, all -0 products, all +0, mixed by row
+        za = np.where(rng.random(sa) < 0.5, -0.0, 0.0)
+        vb = sgn(sb) * sig(sb) * _pow2(rng, sb, 0, 4)
+        za = np.where(mode == 1, -0.0, np.where(mode == 2, 0.0, za))
+        vb = np.where((mode == 1) | (mode == 2), np.abs(vb), vb)
+        rows = rng.random((T, M, 1)) < 0.5
+        za = np.where((mode == 3) & rows, -0.0, np.where(mode == 3, 0.0, za))
+        # half the tiles take the zeros in B instead of A
+        swap = rng.random((T, 1, 1)) < 0.5
+        va = sgn(sa) * sig(sa) * _pow2(rng, sa, 0, 4)
+        zb = np.where(rng.random(sb) < 0.5, -0.0, 0.0)
+        a = np.where(swap, np.abs(va), za)
+        b = np.where(swap, np.where(mode == 1, -0.0, np.where(mode == 2, 0.0, zb)), vb)
+        scale = 1.0
+    else:  # zexact: C = -(A @ B) exactly for most outputs (small integers times powers of two)
+        ea = rng.integers(-2, 1, size=(T, 1, 1))
+        eb = rng.integers(-2, 1, size=(T, 1, 1))
+        a = rng.integers(-3, 4, size=sa) * 2.0 ** ea
+        b = rng.integers(-3, 4, size=sb) * 2.0 ** eb
+        exact = a @ b
+        c = -exact
+        flip = rng.random(sc) < 0.25  # the others: C = +(A @ B), or -(A @ B) -+ a small offset
+        c = np.where(flip, np.where(rng.random(sc) < 0.5, exact, -exact + sgn(sc) * 2.0 ** -4), c)
+        c_bits = from_float(c, fmt_c)
+        return from_float(a, fa), from_float(b, fb), c_bits
+    return from_float(a, fa), from_float(b, fb), _signed_c(rng, fmt_c, sc, scale)

@@ -132,11 +132,13 @@ def pack_regs(vals, bits, nregs):
     return out.astype(np.uint32)
 
 
-def run(gpu, rng, per_class=16):
+def run(gpu, rng, per_class=16, float_classes=None):
+    """Every form of FORMS on the sanity class plus the input classes of ``inputs.py`` (or
+    ``float_classes``)."""
     out = {}
     for d, a, K, bits, na, nd in FORMS:
         sp = spelling(d, a, K)
-        classes = ("sanity",) + I.FLOAT_CLASSES + (("tf32raw",) if a == "tf32" else ())
+        classes = ("sanity",) + (float_classes or I.FLOAT_CLASSES + (("tf32raw",) if a == "tf32" else ()))
         As, Bs, Cs = [], [], []
         for cl in classes:
             if cl == "sanity":

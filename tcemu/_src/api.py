@@ -7,15 +7,21 @@ import numpy as np
 
 from tcemu._src import formats as fm
 from tcemu._src.arch import resolve
+from tcemu._src.gemm import check_key
 from tcemu._src.isa import parse as P
 from tcemu._src.isa import wmma as W
 from tcemu._src.numerics import mma as mma_numerics
+from tcemu._src.numerics.presets import check_model
 
 
 def regfile(nregs: int):
     """A warp's register file: zeros of shape ``(32, nregs)``, ``uint32``."""
-    if int(nregs) < 1:
-        raise ValueError(f"nregs must be >= 1, got {nregs}")
+    from tcemu._src.memory import is_integer_value
+
+    if not is_integer_value(nregs):
+        raise TypeError(f"regfile: nregs must be an integer, got {nregs!r} ({type(nregs).__name__})")
+    if nregs < 1:
+        raise ValueError(f"regfile: nregs must be >= 1, got {nregs}")
     return jnp.zeros((32, int(nregs)), jnp.uint32)
 
 
@@ -23,8 +29,8 @@ def ptx(spelling: str, arch="sm_90", *, model=None):
     """The instruction ``spelling`` as a pure, jit-compiled function over a warp's registers.
 
     ``arch``: "sm_70" ... "sm_100" or a GPU name ("V100", "A100", "H100", ...). ``model``
-    (``wmma.mma`` only): a :class:`tcemu.BlockFMA` or :class:`tcemu.ArchNumerics` replacing the
-    architecture's numerics preset.
+    (floating-point MMAs only): a :class:`tcemu.BlockFMA` or :class:`tcemu.ArchNumerics` replacing
+    the architecture's numerics preset.
 
     >>> import tcemu
     >>> ld_a = tcemu.ptx("wmma.load.a.sync.aligned.row.m16n16k16.f16", arch="sm_90")
@@ -33,6 +39,7 @@ def ptx(spelling: str, arch="sm_90", *, model=None):
     """
     a = resolve(arch)
     ins = P.parse(spelling)
+    _check_model(ins, model)
     if isinstance(ins, P.WmmaLoad):
         return W.WmmaLoad_(ins, a)
     if isinstance(ins, P.WmmaStore):
@@ -49,8 +56,20 @@ def ptx(spelling: str, arch="sm_90", *, model=None):
                               "available yet; use tcemu.mma for its value-level numerics")
 
 
+def _check_model(ins, model):
+    """``model`` must be a BlockFMA, an ArchNumerics or None, and only for floating-point MMAs."""
+    check_model(model, repr(ins.spelling))
+    if model is not None and not (isinstance(ins, P.Mma) and ins.family not in ("int", "b1", "f64")):
+        raise ValueError(f"{ins.spelling!r}: model= applies to floating-point MMAs (f16, bf16, tf32, e4m3/e5m2) "
+                         "only; this instruction's numerics are fixed (exact integers, f64 FMAs, or no arithmetic)")
+
+
+# value range of the narrow integer types; the register path reads their low bits
+_INT_RANGE = {"s4": (-8, 7), "u4": (0, 15), "b1": (0, 1)}
+
+
 def _operand(x, etype, name, spelling):
-    """Typed array -> engine encoding, checking the dtype."""
+    """Typed array -> engine encoding, checking the dtype (and the range of s4/u4/b1 values)."""
     x = jnp.asarray(x)
     want = {"f16": [jnp.float16], "bf16": [jnp.bfloat16], "tf32": [jnp.float32], "f32": [jnp.float32],
             "f64": [jnp.float64], "e4m3": [fm.VALUE_DTYPES["e4m3"]], "e5m2": [fm.VALUE_DTYPES["e5m2"]],
@@ -61,7 +80,17 @@ def _operand(x, etype, name, spelling):
                         f"for .{etype}, got {x.dtype}")
     if etype == "f64":
         return jax.lax.bitcast_convert_type(x, jnp.uint64)
-    if etype in ("s8", "u8", "s4", "u4", "b1", "s32"):
+    if etype in _INT_RANGE:
+        lo, hi = _INT_RANGE[etype]
+        if not isinstance(x, jax.core.Tracer):
+            v = np.asarray(x).astype(np.int64)
+            if v.size and (v.min() < lo or v.max() > hi):
+                raise ValueError(f"{spelling}: {name} holds .{etype} values outside {lo}..{hi} "
+                                 f"(min {v.min()}, max {v.max()})")
+        x = x.astype(jnp.int32)
+        w = 4 if etype != "b1" else 1
+        return (x << (32 - w)) >> (32 - w) if etype == "s4" else x & ((1 << w) - 1)
+    if etype in ("s8", "u8", "s32"):
         return x.astype(jnp.int32)
     return fm.to_bits(x, etype)
 
@@ -72,8 +101,11 @@ def mma(spelling: str, a, b, c, *, arch="sm_90", model=None, key=None):
     ``a`` (..., M, K), ``b`` (..., K, N), ``c`` (..., M, N) are typed arrays (float16, bfloat16,
     float32 for tf32, float64, ml_dtypes float8_e4m3fn/float8_e5m2, int8/uint8, ...), batched
     over broadcastable leading axes. Returns ``d`` typed as ``.dtype``. ``model`` replaces the
-    preset (a :class:`tcemu.BlockFMA` or :class:`tcemu.ArchNumerics`); ``key`` feeds stochastic
-    rounding.
+    preset of a floating-point MMA (a :class:`tcemu.BlockFMA` or :class:`tcemu.ArchNumerics`);
+    ``key`` (``jax.random.key(...)``) feeds stochastic rounding. ``.s4``/``.u4``/``.b1`` values
+    must lie in -8..7, 0..15 and 0..1: concrete arrays outside raise a ValueError, traced ones
+    (under ``jit``) are wrapped to their low 4 bits (sign-extended for ``.s4``) or 1 bit, as the
+    register path reads them.
 
     >>> import jax.numpy as jnp, tcemu
     >>> a = jnp.ones((16, 16), jnp.float16); b = jnp.ones((16, 16), jnp.float16)
@@ -87,11 +119,18 @@ def mma(spelling: str, a, b, c, *, arch="sm_90", model=None, key=None):
         raise ValueError(f"{spelling!r} is not an MMA instruction")
     arch_ = resolve(arch)
     mma_numerics.check_arch(ins, arch_)
+    _check_model(ins, model)
+    key = check_key(key, f"{spelling!r}")
     shapes = {"a": (ins.m, ins.k), "b": (ins.k, ins.n), "c": (ins.m, ins.n)}
     for name, x in (("a", a), ("b", b), ("c", c)):
         if jnp.ndim(x) < 2 or tuple(jnp.shape(x)[-2:]) != shapes[name]:
             raise ValueError(f"{spelling}: {name} must have shape (..., {shapes[name][0]}, {shapes[name][1]}), "
                              f"got {jnp.shape(x)}")
+    try:
+        batch = np.broadcast_shapes(*(jnp.shape(x)[:-2] for x in (a, b, c)))
+    except ValueError:
+        raise ValueError(f"{spelling}: the batch axes of a {jnp.shape(a)}, b {jnp.shape(b)} and c {jnp.shape(c)} "
+                         "do not broadcast") from None
     if ins.family == "f64":
         from tcemu._src.numerics.fma64 import require_x64
 
@@ -99,12 +138,10 @@ def mma(spelling: str, a, b, c, *, arch="sm_90", model=None, key=None):
     A = _operand(a, ins.atype, "a", spelling)
     B = _operand(b, ins.btype, "b", spelling)
     C = _operand(c, ins.ctype, "c", spelling)
-    batch = jnp.broadcast_shapes(A.shape[:-2], B.shape[:-2], C.shape[:-2])
     A = jnp.broadcast_to(A, batch + A.shape[-2:])
     B = jnp.broadcast_to(B, batch + B.shape[-2:])
     C = jnp.broadcast_to(C, batch + C.shape[-2:])
-    model_ = model if model is not None else None
-    D = _mma_jit(ins, arch_, model_)(A, B, C, key)
+    D = _mma_jit(ins, arch_, model)(A, B, C, key)
     if ins.dtype == "f64":
         return jax.lax.bitcast_convert_type(D, jnp.float64)
     if ins.dtype == "s32":

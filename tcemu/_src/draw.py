@@ -43,6 +43,8 @@ def draw_fragment(frag: Fragment, title: str = "", path=None):
     """A matrix picture: every element coloured by the lane holding it and labelled T<lane> x<reg>
     (with .<slot> when a register packs several elements; +n when n more lanes hold copies).
     Saves a PNG when ``path`` is given; returns the matplotlib figure."""
+    if not isinstance(frag, Fragment):
+        raise TypeError(f"frag must be a Fragment (e.g. tcemu.ptx(...).fragment), got {type(frag).__name__}")
     plt = _plt()
     cells = holders(frag)
     cmap = plt.get_cmap("hsv")
@@ -75,6 +77,14 @@ def draw_fragment(frag: Fragment, title: str = "", path=None):
 def plot_error_curves(curves, path=None, *, title="Relative error against float64 as K grows", baselines=()):
     """Log-log plot of :class:`~tcemu._src.studies.ErrorCurve` s (max as lines, mean dashed),
     one panel per input format; ``baselines`` (fp32 chains) drawn in grey. Returns the figure."""
+    from tcemu._src.studies import ErrorCurve
+
+    curves, baselines = list(curves), list(baselines)
+    bad = [c for c in curves + baselines if not isinstance(c, ErrorCurve)]
+    if bad:
+        raise TypeError(f"curves and baselines must hold tcemu.ErrorCurve objects, got {type(bad[0]).__name__}")
+    if not curves + baselines:
+        raise ValueError("plot_error_curves needs at least one curve")
     plt = _plt()
     fmts = list(dict.fromkeys(c.fmt for c in [*curves, *baselines]))
     cols = min(2, len(fmts))

@@ -1,7 +1,7 @@
 """Bit-level floating-point formats: decode IEEE-style bit patterns into integer fields and back.
 
-Everything here is 32-bit integer arithmetic on ``uint32``/``int32`` arrays, so it runs with
-``jax_enable_x64`` off and gives identical bits on every backend. Formats wider than 32 bits
+Everything here is 32-bit integer arithmetic on ``uint32``/``int32`` arrays, so it needs no
+``jax_enable_x64``, gives the same bits with it on, and identical bits on every backend. Formats wider than 32 bits
 (float64) live in :mod:`tcemu._src.numerics.fma64`.
 
 Example::
@@ -69,7 +69,7 @@ class FloatFormat:
     def inf_bits(self, sign):
         e = (1 << self.exponent_bits) - 1
         body = (e << self.fraction_bits) << self.shift
-        return jnp.where(sign != 0, jnp.uint32(body | self.sign_bit), jnp.uint32(body))
+        return jnp.where(jnp.asarray(sign).astype(bool), jnp.uint32(body | self.sign_bit), jnp.uint32(body))
 
     @property
     def sign_bit(self) -> int:

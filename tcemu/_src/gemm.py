@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -39,9 +38,12 @@ from tcemu._src.arch import resolve
 from tcemu._src.isa.parse import Mma, parse
 from tcemu._src.numerics import engine
 from tcemu._src.numerics import mma as mma_numerics
-from tcemu._src.numerics.model import BlockFMA
+from tcemu._src.numerics.model import BlockFMA, choice_field, int_field, replace_fields
+from tcemu._src.numerics.presets import check_model
 
 K_ORDERS = ("sequential", "split_k", "promotion", "pairwise")
+QUANTIZE_FORMATS = ("f16", "bf16", "tf32", "e4m3", "e5m2")
+QUANTIZE_MODES = ("rne", "stochastic")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +57,7 @@ class GemmConfig:
       k_order: "sequential", "split_k", "promotion" or "pairwise" (see the module docstring).
       split_k: number of K slices for "split_k".
       promotion_interval: K elements accumulated in the tensor core between promotions.
-      model: a :class:`tcemu.BlockFMA` replacing the preset's numerics.
+      model: a :class:`tcemu.BlockFMA` or :class:`tcemu.ArchNumerics` replacing the preset's numerics.
       quantize: how inputs are rounded to the instruction's format: "rne" or "stochastic"
         (needs ``key=``).
       grad_lhs, grad_rhs: configs of the backward GEMMs dA = dY B^T and dB = A^T dY; ``None``
@@ -73,12 +75,19 @@ class GemmConfig:
     grad_rhs: "GemmConfig | None" = None
 
     def __post_init__(self):
-        if self.k_order not in K_ORDERS:
-            raise ValueError(f"k_order must be one of {K_ORDERS}, got {self.k_order!r}")
-        if self.quantize not in ("rne", "stochastic"):
-            raise ValueError(f"quantize must be 'rne' or 'stochastic', got {self.quantize!r}")
-        if self.split_k < 1:
-            raise ValueError("split_k must be >= 1")
+        arch = resolve(self.arch)
+        if not isinstance(self.instruction, str):
+            raise TypeError(f"GemmConfig.instruction must be a PTX spelling or a short form such as "
+                            f"'m16n8k16.f32.bf16.bf16.f32' (str), got {self.instruction!r}")
+        choice_field(self, "k_order", K_ORDERS)
+        choice_field(self, "quantize", QUANTIZE_MODES)
+        int_field(self, "split_k", 1, None)
+        int_field(self, "promotion_interval", 1, None)
+        check_model(self.model, "GemmConfig")
+        for name in ("grad_lhs", "grad_rhs"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, GemmConfig):
+                raise TypeError(f"GemmConfig.{name} must be a tcemu.GemmConfig or None (exact float32), got {v!r}")
         ins = self.ins
         if ins.family in ("int", "b1", "f64"):
             raise ValueError(f"{ins.spelling!r}: GEMM emulation takes floating-point instructions "
@@ -88,14 +97,15 @@ class GemmConfig:
         if self.promotion_interval % ins.k:
             raise ValueError(f"promotion_interval={self.promotion_interval} must be a multiple of the "
                              f"instruction's k={ins.k}")
-        mma_numerics.check_arch(ins, resolve(self.arch))
+        mma_numerics.check_arch(ins, arch)
+        mma_numerics.resolve_model(ins, self.model, arch)  # the preset or model= has numerics for it
 
     @property
     def ins(self) -> Mma:
         return _instruction(self.instruction)
 
     def replace(self, **changes) -> "GemmConfig":
-        return dataclasses.replace(self, **changes)
+        return replace_fields(self, changes)
 
 
 @functools.lru_cache(maxsize=None)
@@ -107,7 +117,10 @@ def _instruction(spelling: str) -> Mma:
             raise ValueError(f"instruction {spelling!r}: give a PTX spelling or shape.dtype.atype.btype.ctype, "
                              "e.g. 'm16n8k16.f32.bf16.bf16.f32'")
         s = f"mma.sync.aligned.{parts[0]}.row.col.{'.'.join(parts[1:])}"
-    ins = parse(s)
+    try:
+        ins = parse(s)
+    except ValueError as e:
+        raise ValueError(f"instruction {spelling!r}: {e}") from None
     if not isinstance(ins, Mma):
         raise ValueError(f"instruction {spelling!r} is not an MMA")
     return ins
@@ -117,18 +130,75 @@ def _instruction(spelling: str) -> Mma:
 # quantisation
 
 
+def check_key(key, where: str):
+    """``key`` if it is one PRNG key (``jax.random.key(...)``, or a legacy uint32[2]
+    ``jax.random.PRNGKey(...)``) or None; a TypeError/ValueError naming ``key`` otherwise."""
+    if key is None:
+        return None
+    dtype = getattr(key, "dtype", None)
+    use = "use key=jax.random.key(seed)"
+    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        if jnp.shape(key) != ():
+            raise ValueError(f"{where}: key must be one PRNG key, got an array of keys of shape {jnp.shape(key)}; {use}")
+        return key
+    if dtype == np.uint32:
+        try:
+            shape = jax.random.wrap_key_data(key).shape
+        except (TypeError, ValueError):
+            shape = None
+        if shape != ():
+            raise ValueError(f"{where}: key of dtype uint32 and shape {jnp.shape(key)} is not one legacy PRNG key; {use}")
+        return key
+    got = f"{type(key).__name__}" + (f" of dtype {dtype}" if dtype is not None else "")
+    raise TypeError(f"{where}: key must be a PRNG key, got {got}; {use}")
+
+
 def quantize(x, etype: str, mode: str = "rne", key=None):
-    """Round float values to the element format ``etype`` (f16, bf16, tf32, e4m3, e5m2); the
-    result holds the quantised values in float32 (exact)."""
-    x = jnp.asarray(x, jnp.float32)
+    """Round values to the element format ``etype`` ("f16", "bf16", "tf32", "e4m3", "e5m2");
+    the result holds the quantised values in float32 (exact; NaN as 0x7FFFFFFF, or the canonical
+    tf32 NaN 0x7FFFE000). Inputs are converted to float32 first, so the bits do not depend on
+    ``jax_enable_x64``.
+
+    ``mode="rne"``: JAX's own round-to-nearest-even conversion (``astype``; tf32:
+    ``jax.lax.reduce_precision`` to 10 fraction bits); e4m3 has no infinity, so its overflows
+    (above 464) and infinities become NaN. ``mode="stochastic"`` (needs ``key``): rounds up
+    with probability equal to the discarded fraction.
+    """
+    if not isinstance(etype, str) or etype not in QUANTIZE_FORMATS:
+        raise ValueError(f"quantize: unknown format {etype!r}; valid: {', '.join(QUANTIZE_FORMATS)}")
+    if not isinstance(mode, str) or mode not in QUANTIZE_MODES:
+        raise ValueError(f"quantize: mode must be one of {', '.join(QUANTIZE_MODES)}, got {mode!r}")
+    x = _real(x, "quantize", "x").astype(jnp.float32)
+    fmt = fm.FORMATS[etype]
+    if mode == "rne":
+        if etype == "tf32":
+            # float32 NaNs whose payload lies below the tf32 fraction would read as inf: canonical NaN
+            q = jax.lax.reduce_precision(x, exponent_bits=8, mantissa_bits=10)
+            return jnp.where(jnp.isnan(x), _f32(fm.TF32.canonical_nan), q)
+        # widened in integers: under jit, XLA on GPUs drops a float convert pair f32 -> bf16 -> f32
+        return _widen(fm.to_bits(x.astype(fm.VALUE_DTYPES[etype]), etype), fmt)
+    if check_key(key, "quantize") is None:
+        raise ValueError("quantize: mode='stochastic' needs key=jax.random.key(...)")
     bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
-    rand = None
-    if mode == "stochastic":
-        if key is None:
-            raise ValueError("stochastic quantisation needs key=jax.random.key(...)")
-        rand = jax.random.bits(key, x.shape, jnp.uint32)
-    q = engine.convert(bits, fm.F32, fm.FORMATS[etype], mode, rand=rand)
-    return fm.from_bits(q, etype).astype(jnp.float32) if etype != "tf32" else jax.lax.bitcast_convert_type(q, jnp.float32)
+    q = engine.convert(bits, fm.F32, fmt, "stochastic", overflow="inf", rand=jax.random.bits(key, x.shape, jnp.uint32))
+    if not fmt.has_inf:  # engine.convert maps infinities to S.1111.000 (256), e4m3's NaN is S.1111.111
+        q = jnp.where(jnp.isinf(x), jnp.uint32(fmt.canonical_nan), q)
+    return jax.lax.bitcast_convert_type(q, jnp.float32) if etype == "tf32" else _widen(q, fmt)
+
+
+def _f32(bits: int):
+    return jax.lax.bitcast_convert_type(jnp.uint32(bits), jnp.float32)
+
+
+def _real(x, where: str, name: str):
+    """``x`` as a JAX array of a real (bool, integer or floating-point) dtype."""
+    try:
+        x = jnp.asarray(x)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{where}: {name} must be a real numeric array, got {type(x).__name__}") from e
+    if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_):
+        raise TypeError(f"{where}: {name} must be a real numeric array, got dtype {x.dtype}")
+    return x
 
 
 @jax.custom_jvp
@@ -340,6 +410,15 @@ def _mm_bwd(cfg, res, g):
 _mm.defvjp(_mm_fwd, _mm_bwd)
 
 
+def _config(config, changes: dict, where: str) -> GemmConfig:
+    """``config`` (a GemmConfig, default ``GemmConfig()``) with ``changes`` applied."""
+    if config is not None and not isinstance(config, GemmConfig):
+        raise TypeError(f"{where}: config must be a tcemu.GemmConfig or None, got {type(config).__name__}; "
+                        "build one with tcemu.GemmConfig(arch=..., instruction=..., ...)")
+    cfg = config if config is not None else GemmConfig()
+    return cfg.replace(**changes) if changes else cfg
+
+
 def matmul(a, b, *, config: GemmConfig | None = None, key=None, **kwargs):
     """``a @ b`` for (..., M, K) and (..., K, N) (or (K, N)) with a tensor core's exact numerics.
 
@@ -347,25 +426,68 @@ def matmul(a, b, *, config: GemmConfig | None = None, key=None, **kwargs):
     ``k_order=``, ...). Inputs are rounded to the instruction's formats (straight-through
     gradient); the result is float32 (float16 for f16-accumulating instructions, widened).
     Differentiable: the backward GEMMs follow ``config.grad_lhs`` / ``config.grad_rhs``.
-    ``key``: PRNG key for stochastic quantisation or rounding.
+    ``key``: PRNG key for stochastic quantisation or rounding. With K = 0 the result is +0 (the
+    accumulator's initial value), with M = 0 or N = 0 an empty array, as ``jnp.matmul`` gives.
     """
-    cfg = config if config is not None else GemmConfig(**kwargs)
-    if config is not None and kwargs:
-        cfg = cfg.replace(**kwargs)
-    a = jnp.asarray(a)
-    b = jnp.asarray(b)
+    cfg = _config(config, kwargs, "matmul")
+    key = check_key(key, "matmul")
+    a = _real(a, "matmul", "a")
+    b = _real(b, "matmul", "b")
     if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
         raise ValueError(f"matmul needs (..., M, K) @ (..., K, N), got {a.shape} and {b.shape}")
+    batch = a.shape[:-2]
+    if b.ndim > 2:
+        try:
+            batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        except ValueError:
+            raise ValueError(f"matmul: the batch axes of a {a.shape} and b {b.shape} do not broadcast "
+                             f"({a.shape[:-2]} vs {b.shape[:-2]})") from None
+    if cfg.quantize == "stochastic" and key is None:
+        raise ValueError("quantize='stochastic' needs key=jax.random.key(...)")
+    out_shape = tuple(batch) + (a.shape[-2], b.shape[-1])
+    if a.shape[-1] == 0 or 0 in out_shape:  # no products: D = +0, the chain's first C
+        return jnp.zeros(out_shape, jnp.float32)
     ins = cfg.ins
     ka = kb = None
     if cfg.quantize == "stochastic":
-        if key is None:
-            raise ValueError("quantize='stochastic' needs key=jax.random.key(...)")
         key, ka, kb = jax.random.split(key, 3)
     af, bf = a.astype(jnp.float32), b.astype(jnp.float32)
     qa = _ste(af, quantize(af, ins.atype, cfg.quantize, ka))
     qb = _ste(bf, quantize(bf, ins.btype, cfg.quantize, kb))
     return _mm(qa, qb, cfg, key)
+
+
+def _dimension_numbers(dimension_numbers, lhs, rhs):
+    """Checked ((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch)) as tuples of ints,
+    with the rules of :func:`jax.lax.dot_general`."""
+    form = "((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch))"
+    try:
+        (lc, rc), (lb, rb) = dimension_numbers
+        dims = [tuple(d) for d in (lc, rc, lb, rb)]
+    except (TypeError, ValueError):
+        raise TypeError(f"dot_general: dimension_numbers must be {form} (sequences of ints), "
+                        f"got {dimension_numbers!r}") from None
+    names = ("lhs_contracting", "rhs_contracting", "lhs_batch", "rhs_batch")
+    for name, d, x in zip(names, dims, (lhs, rhs, lhs, rhs)):
+        if any(not isinstance(i, (int, np.integer)) or isinstance(i, (bool, np.bool_)) for i in d):
+            raise TypeError(f"dot_general: dimension_numbers {name} must be ints, got {d}")
+        if any(not 0 <= i < x.ndim for i in d):
+            raise ValueError(f"dot_general: dimension_numbers {name} {d} out of range for an operand of rank "
+                             f"{x.ndim} (valid: 0..{x.ndim - 1}; negative dimensions are not accepted, as in "
+                             "jax.lax.dot_general)")
+    lc, rc, lb, rb = (tuple(int(i) for i in d) for d in dims)
+    for side, c, bt in (("lhs", lc, lb), ("rhs", rc, rb)):
+        if len(set(c + bt)) != len(c + bt):
+            raise ValueError(f"dot_general: dimension_numbers {side} contracting {c} and batch {bt} dimensions "
+                             "must be distinct")
+    for what, ld, rd in (("contracting", lc, rc), ("batch", lb, rb)):
+        if len(ld) != len(rd):
+            raise ValueError(f"dot_general: dimension_numbers give {len(ld)} lhs and {len(rd)} rhs {what} dimensions")
+        ls, rs = tuple(lhs.shape[i] for i in ld), tuple(rhs.shape[i] for i in rd)
+        if ls != rs:
+            raise ValueError(f"dot_general: dimension_numbers {what} dimensions {ld} of lhs {lhs.shape} and {rd} of "
+                             f"rhs {rhs.shape} have sizes {ls} and {rs}")
+    return lc, rc, lb, rb
 
 
 def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *,
@@ -377,9 +499,10 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     config decides); ``preferred_element_type`` sets the output dtype (default: the promoted
     input dtype, as in JAX).
     """
-    cfg = config if config is not None else GemmConfig()
-    (lc, rc), (lb, rb) = dimension_numbers
-    lc, rc, lb, rb = (tuple(int(i) % x.ndim for i in d) for d, x in ((lc, lhs), (rc, rhs), (lb, lhs), (rb, rhs)))
+    cfg = _config(config, {}, "dot_general")
+    lhs = _real(lhs, "dot_general", "lhs")
+    rhs = _real(rhs, "dot_general", "rhs")
+    lc, rc, lb, rb = _dimension_numbers(dimension_numbers, lhs, rhs)
     lf = [i for i in range(lhs.ndim) if i not in lc and i not in lb]
     rf = [i for i in range(rhs.ndim) if i not in rc and i not in rb]
     ls, rs = lhs.shape, rhs.shape
@@ -397,5 +520,6 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
 
 def einsum(subscripts, *operands, config: GemmConfig | None = None, key=None, **kwargs):
     """:func:`jax.numpy.einsum` whose contractions run through :func:`dot_general`."""
-    dg = functools.partial(dot_general, config=config, key=key)
+    cfg = _config(config, {}, "einsum")
+    dg = functools.partial(dot_general, config=cfg, key=check_key(key, "einsum"))
     return jnp.einsum(subscripts, *operands, _dot_general=dg, **kwargs)

@@ -34,11 +34,13 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
-from tcemu._src.isa.parse import parse
-from tcemu._src.studies import DTYPES, default_instruction
+from tcemu._src.arch import resolve
+from tcemu._src.isa.parse import Mma, parse
+from tcemu._src.studies import DTYPES, check_choice, check_int, default_instruction
 
 _MIN_SUB = {"f16": -24, "bf16": -133, "tf32": -136, "e4m3": -9, "e5m2": -16}
 _MAX_EXP = 40  # largest j / k tried
+ROUNDINGS = ("rz", "rne", "rna", "ru", "rd", "undetermined")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +55,29 @@ class ProbeResult:
     addend: str | None  # "first" or "last"
     subnormal_inputs: bool
     subnormal_outputs: bool
+
+    def __post_init__(self):
+        if not isinstance(self.instruction, str):
+            raise TypeError(f"ProbeResult.instruction must be a PTX spelling (str), got {self.instruction!r}")
+        for name, lo in (("fraction_bits", 0), ("accumulator_bits", 0), ("block_size", 1)):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, check_int(f"ProbeResult.{name}", getattr(self, name), lo))
+        order = self.block_order
+        if order is not None:
+            if isinstance(order, (str, bytes)) or not hasattr(order, "__iter__"):
+                raise TypeError(f"ProbeResult.block_order must be a sequence of positions or None, got {order!r}")
+            order = tuple(check_int(f"ProbeResult.block_order[{i}]", k, 0) for i, k in enumerate(order))
+            object.__setattr__(self, "block_order", order)
+        check_choice("ProbeResult.rounding", self.rounding, ROUNDINGS)
+        if self.addend is not None:
+            check_choice("ProbeResult.addend", self.addend, ("first", "last"))
+        for name in ("normalized_products", "subnormal_inputs", "subnormal_outputs"):
+            v = getattr(self, name)
+            if not (isinstance(v, (bool, np.bool_)) or (v is None and name == "normalized_products")):
+                raise TypeError(f"ProbeResult.{name} must be a bool{' or None' if name == 'normalized_products' else ''}"
+                                f", got {v!r} ({type(v).__name__})")
+            if v is not None:
+                object.__setattr__(self, name, bool(v))
 
     def rows(self):
         """(field or None for a derived row, description, value as shown) for a report."""
@@ -71,17 +96,28 @@ class ProbeResult:
                 ("subnormal_outputs", "subnormal outputs kept", self.subnormal_outputs)]
 
 
+def probe_instruction(spelling: str) -> Mma:
+    """The parsed ``spelling`` if :func:`probe` can measure it (a floating-point MMA with f32 C
+    and D), else a ValueError naming it."""
+    ins = parse(spelling)
+    if not isinstance(ins, Mma):
+        raise ValueError(f"probe needs an MMA instruction, got {spelling!r}")
+    if ins.dtype != "f32" or ins.ctype != "f32":
+        raise ValueError(f"probe needs an instruction with f32 C and D, got {spelling!r}")
+    return ins
+
+
 class _Box:
     """Batched single dot products through ``tcemu.mma`` (instructions chained along K)."""
 
     def __init__(self, spelling, arch, model, mma):
-        self.ins = parse(spelling)
-        if self.ins.dtype != "f32" or self.ins.ctype != "f32":
-            raise ValueError(f"probe needs an instruction with f32 C and D, got {spelling!r}")
-        if self.ins.family not in ("f16", "bf16", "tf32", "fp8"):
-            raise ValueError(f"probe measures floating-point MMAs with f16/bf16/tf32/fp8 inputs, got {spelling!r}")
+        self.ins = probe_instruction(spelling)
         if mma is None:
             from tcemu._src.api import mma as emulated
+            from tcemu._src.numerics.mma import check_arch, resolve_model
+
+            check_arch(self.ins, arch)
+            resolve_model(self.ins, model, arch)  # the preset or model=, or an error naming model=
 
             def mma(sp, a, b, c):
                 return emulated(sp, a, b, c, arch=arch, model=model)
@@ -119,8 +155,13 @@ class _Box:
         dta, dtb = DTYPES[self.fmts[0]], DTYPES[self.fmts[1]]
         d = jnp.asarray(d)
         for s in range(steps):
-            d = jnp.asarray(self.mma(self.spelling, jnp.asarray(A[:, s].astype(dta)), jnp.asarray(Bm[:, s].astype(dtb)), d),
-                            jnp.float32)
+            d = self.mma(self.spelling, jnp.asarray(A[:, s].astype(dta)), jnp.asarray(Bm[:, s].astype(dtb)), d)
+            shape, dtype = getattr(d, "shape", None), getattr(d, "dtype", None)
+            if shape is None or tuple(shape) != (B, self.ins.m, self.ins.n) or dtype != np.float32:
+                raise ValueError(f"the mma function returned {type(d).__name__} shape={shape} dtype={dtype} for "
+                                 f"{self.spelling!r}; expected D as a float32 array of shape "
+                                 f"{(B, self.ins.m, self.ins.n)} (batch, M, N), like tcemu.mma")
+            d = jnp.asarray(d)
         return np.asarray(d[:, 0, 0], np.float64)
 
 
@@ -131,12 +172,27 @@ def probe(arch="H100", fmt: str | None = None, *, instruction=None, model=None, 
 
     ``mma``: any function ``mma(spelling, a, b, c) -> d`` with the value-level signature of
     :func:`tcemu.mma` (typed, batched arrays) to probe instead of the emulator, for example one
-    that runs the instruction on a GPU (``experiments/hardware/probe_hw.py``).
+    that runs the instruction on a GPU (``experiments/hardware/probe_hw.py``); it must return D as
+    a float32 array of shape (batch, M, N).
     """
-    if instruction is not None and fmt is not None and parse(instruction).atype != fmt:
-        raise ValueError(f"{instruction!r} takes {parse(instruction).atype} inputs, not {fmt}")
-    sp = instruction or default_instruction(arch, fmt or "f16")
+    from tcemu._src.numerics.presets import check_model
+
+    arch = resolve(arch)
+    if fmt is not None:
+        check_choice("fmt", fmt, tuple(DTYPES))
+    check_model(model, "probe")
+    if mma is not None:
+        if not callable(mma):
+            raise TypeError(f"mma must be a function mma(spelling, a, b, c) -> d or None, got {mma!r}")
+        if model is not None:
+            raise ValueError("probe takes model= (probe the emulator with that model) or mma= (probe your "
+                             "function), not both")
+    if instruction is not None and not isinstance(instruction, str):
+        raise TypeError(f"instruction must be an MMA spelling (str) or None, got {instruction!r}")
+    sp = default_instruction(arch, fmt or "f16") if instruction is None else instruction
     box = _Box(sp, arch, model, mma)
+    if fmt is not None and box.ins.atype != fmt:
+        raise ValueError(f"fmt={fmt!r} disagrees with the instruction: {sp!r} takes {box.ins.atype} inputs")
     e1 = 14 if "e4m3" in box.fmts else 16  # X = 2**e1, a product of two normal numbers
     X = box.pair(e1)
     negX = (-X[0], X[1])

@@ -38,11 +38,43 @@ def config_label(fmt: str, arch, promotion_interval: int | None = None) -> str:
     return f"{arch} {fmt}" + ("" if promotion_interval is None else f" + promotion/{promotion_interval}")
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def check_int(name: str, v, lo: int) -> int:
+    """``v`` as an int, or a TypeError (not an integer) / ValueError (below ``lo``) naming ``name``."""
+    if not _is_int(v):
+        raise TypeError(f"{name} must be an integer >= {lo}, got {v!r} ({type(v).__name__})")
+    if v < lo:
+        raise ValueError(f"{name} must be an integer >= {lo}, got {v}")
+    return int(v)
+
+
+def check_choice(name: str, v, choices) -> str:
+    """``v`` if it is one of the strings ``choices``, else an error naming ``name`` and the choices."""
+    if not isinstance(v, str) or v not in choices:
+        err = ValueError if isinstance(v, str) else TypeError
+        raise err(f"{name} must be one of {', '.join(map(repr, choices))}, got {v!r}")
+    return v
+
+
+def _check_ks(ks) -> list[int]:
+    """Dot-product lengths: a non-empty iterable of positive integers, sorted without repeats."""
+    if isinstance(ks, (str, bytes)) or not hasattr(ks, "__iter__"):
+        raise TypeError(f"ks must be a sequence of positive integers (dot-product lengths), got {ks!r}")
+    ks = [check_int(f"ks[{i}]", k, 1) for i, k in enumerate(ks)]
+    if not ks:
+        raise ValueError("ks is empty; give at least one dot-product length")
+    return sorted(set(ks))
+
+
 def default_instruction(arch, fmt: str) -> str:
     """The MMA a GEMM on ``arch`` uses for inputs of ``fmt`` (f32 accumulation)."""
     from tcemu._src.arch import resolve
 
     sm = resolve(arch).sm
+    check_choice("fmt", fmt, tuple(DTYPES))
     if fmt == "f16":
         if sm < 75:
             return "wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32"
@@ -52,11 +84,9 @@ def default_instruction(arch, fmt: str) -> str:
         return "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
     if fmt == "tf32":
         return "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
-    if fmt in ("e4m3", "e5m2"):
-        if sm == 90:  # Hopper FP8 GEMMs (cuBLAS, DeepGEMM) run wgmma
-            return f"wgmma.mma_async.sync.aligned.m64n8k32.f32.{fmt}.{fmt}"
-        return f"mma.sync.aligned.m16n8k32.row.col.f32.{fmt}.{fmt}.f32"
-    raise ValueError(f"unknown input format {fmt!r}; valid: {sorted(DTYPES)}")
+    if sm == 90:  # e4m3, e5m2: Hopper FP8 GEMMs (cuBLAS, DeepGEMM) run wgmma
+        return f"wgmma.mma_async.sync.aligned.m64n8k32.f32.{fmt}.{fmt}"
+    return f"mma.sync.aligned.m16n8k32.row.col.f32.{fmt}.{fmt}.f32"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,12 +100,37 @@ class ErrorCurve:
     max_rel: tuple[float, ...]
     mean_rel: tuple[float, ...]
 
+    def __post_init__(self):
+        for name in ("label", "instruction"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"ErrorCurve.{name} must be a str, got {getattr(self, name)!r}")
+        check_choice("ErrorCurve.fmt", self.fmt, tuple(DTYPES))
+        if isinstance(self.k, (str, bytes)) or not hasattr(self.k, "__iter__"):
+            raise TypeError(f"ErrorCurve.k must be a sequence of positive integers, got {self.k!r}")
+        k = tuple(check_int(f"ErrorCurve.k[{i}]", v, 1) for i, v in enumerate(self.k))
+        if any(x >= y for x, y in zip(k, k[1:])):
+            raise ValueError(f"ErrorCurve.k must be increasing, got {k}")
+        object.__setattr__(self, "k", k)
+        for name in ("max_rel", "mean_rel"):
+            v = getattr(self, name)
+            if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
+                raise TypeError(f"ErrorCurve.{name} must be a sequence of floats, one per k, got {v!r}")
+            v = tuple(v)
+            if len(v) != len(k):
+                raise ValueError(f"ErrorCurve.{name} must have one error per k ({len(k)}), got {len(v)}")
+            for i, x in enumerate(v):
+                if not isinstance(x, (int, float, np.integer, np.floating)) or isinstance(x, (bool, np.bool_)):
+                    raise TypeError(f"ErrorCurve.{name}[{i}] must be a float, got {x!r} ({type(x).__name__})")
+                if x < 0:
+                    raise ValueError(f"ErrorCurve.{name}[{i}] must be >= 0 (a relative error), got {x}")
+            object.__setattr__(self, name, tuple(float(x) for x in v))
+
 
 def sample(fmt: str, shape, dist: str = "uniform", seed: int = 0) -> np.ndarray:
     """Random inputs exactly representable in ``fmt`` (as a typed array; tf32 as float32)."""
-    if dist not in DISTRIBUTIONS:
-        raise ValueError(f"unknown distribution {dist!r}; valid: {DISTRIBUTIONS}")
-    rng = np.random.default_rng(seed)
+    check_choice("fmt", fmt, tuple(DTYPES))
+    check_choice("dist", dist, DISTRIBUTIONS)
+    rng = np.random.default_rng(check_int("seed", seed, 0))
     x = rng.random(shape) if dist == "uniform" else rng.standard_normal(shape)
     x = x.astype(np.float32)
     if fmt == "tf32":
@@ -86,28 +141,56 @@ def sample(fmt: str, shape, dist: str = "uniform", seed: int = 0) -> np.ndarray:
 def error_vs_k(fmt: str = "f16", arch="H100", ks=tuple(2 ** i for i in range(4, 15)), *, instruction=None,
                model=None, outputs: int = 512, dist: str = "uniform", seed: int = 0,
                promotion_interval: int | None = None, label: str | None = None) -> ErrorCurve:
-    """Error of ``outputs`` emulated dot products of each length in ``ks`` (multiples of the
-    instruction's K; smaller ones are skipped) against float64.
+    """Error of ``outputs`` (a positive int) emulated dot products of each length in ``ks``
+    against float64: the max and mean relative error over them.
 
-    ``instruction`` defaults to :func:`default_instruction`; ``model`` replaces the preset.
+    ``ks``: positive multiples of the instruction's K; lengths below K are skipped (so one list
+    serves instructions of K = 8, 16 and 32). ``instruction`` (f32 D, inputs of ``fmt``) defaults
+    to :func:`default_instruction`; ``model`` (a :class:`tcemu.BlockFMA` or
+    :class:`tcemu.ArchNumerics`) replaces the preset. ``dist``: "uniform" (U[0,1)) or "normal".
     ``promotion_interval`` (a multiple of the instruction's K): every that many products the
     chain's partial sum is added into a float32 total with one RNE addition and the chain
     restarts from zero (DeepSeek-V3's fix for Hopper FP8 accumulation).
     """
-    sp = instruction or default_instruction(arch, fmt)
+    from tcemu._src.arch import resolve
+    from tcemu._src.isa.parse import Mma
+    from tcemu._src.numerics.mma import check_arch, resolve_model
+    from tcemu._src.numerics.presets import check_model
+
+    check_choice("fmt", fmt, tuple(DTYPES))
+    arch_ = resolve(arch)
+    ks = _check_ks(ks)
+    outputs = check_int("outputs", outputs, 1)
+    check_choice("dist", dist, DISTRIBUTIONS)
+    seed = check_int("seed", seed, 0)
+    if label is not None and not isinstance(label, str):
+        raise TypeError(f"label must be a str or None, got {label!r}")
+    check_model(model, "error_vs_k")
+    if instruction is not None and not isinstance(instruction, str):
+        raise TypeError(f"instruction must be an MMA spelling (str) or None, got {instruction!r}")
+    sp = default_instruction(arch_, fmt) if instruction is None else instruction
     ins = parse(sp)
-    if ins.atype != fmt:
-        raise ValueError(f"{sp!r} takes {ins.atype} inputs, not {fmt}")
+    if not isinstance(ins, Mma):
+        raise ValueError(f"instruction must be an MMA spelling, got {sp!r}")
+    if ins.atype != fmt or ins.btype != fmt:
+        raise ValueError(f"{sp!r} takes {ins.atype}/{ins.btype} inputs, not fmt={fmt!r}")
     if ins.dtype != "f32":
         raise ValueError(f"error_vs_k needs an instruction with f32 D, got {sp!r}")
-    ks = sorted(k for k in ks if k % ins.k == 0)
+    check_arch(ins, arch_)
+    resolve_model(ins, model, arch_)  # the preset or model=, or an error naming model=
+    odd = [k for k in ks if k >= ins.k and k % ins.k]
+    if odd:
+        raise ValueError(f"ks must be multiples of the instruction's K = {ins.k}, got {odd}")
+    ks = [k for k in ks if k >= ins.k]
     if not ks:
-        raise ValueError(f"no length in ks is a multiple of the instruction's K = {ins.k}")
+        raise ValueError(f"every length in ks is below the instruction's K = {ins.k}")
     steps = ks[-1] // ins.k
-    if promotion_interval is not None and (promotion_interval % ins.k or promotion_interval <= 0):
-        raise ValueError(f"promotion_interval must be a positive multiple of K = {ins.k}")
+    if promotion_interval is not None:
+        promotion_interval = check_int("promotion_interval", promotion_interval, 1)
+        if promotion_interval % ins.k:
+            raise ValueError(f"promotion_interval must be a positive multiple of K = {ins.k}, got {promotion_interval}")
     g = None if promotion_interval is None else promotion_interval // ins.k
-    tiles = max(1, -(-outputs // (ins.m * ins.n)))
+    tiles = -(-outputs // (ins.m * ins.n))  # whole tiles; the statistics use the first ``outputs`` results
     a = sample(fmt, (tiles, ins.m, ks[-1]), dist, seed)
     b = sample(fmt, (tiles, ks[-1], ins.n), dist, seed + 1)
     a_s = jnp.asarray(a.reshape(tiles, ins.m, steps, ins.k).transpose(2, 0, 1, 3))  # (steps, T, m, k)
@@ -141,7 +224,7 @@ def error_vs_k(fmt: str = "f16", arch="H100", ks=tuple(2 ** i for i in range(4, 
     mx, mn = [], []
     for k in ks:
         i = k // ins.k - 1
-        rel = np.abs(got[i] - ref[i]) / np.maximum(np.abs(ref[i]), np.finfo(np.float64).tiny)
+        rel = (np.abs(got[i] - ref[i]) / np.maximum(np.abs(ref[i]), np.finfo(np.float64).tiny)).reshape(-1)[:outputs]
         mx.append(float(rel.max()))
         mn.append(float(rel.mean()))
     name = label or config_label(fmt, arch, promotion_interval)
@@ -150,9 +233,12 @@ def error_vs_k(fmt: str = "f16", arch="H100", ks=tuple(2 ** i for i in range(4, 
 
 def fp32_chain_error(fmt: str = "f16", ks=tuple(2 ** i for i in range(4, 15)), *, outputs: int = 512,
                      dist: str = "uniform", seed: int = 0) -> ErrorCurve:
-    """The same dot products summed one product at a time in float32 with round-to-nearest (an
-    FMA chain on CUDA cores; products of these formats are exact in float32)."""
-    ks = sorted(ks)
+    """``outputs`` dot products of each length in ``ks`` (as :func:`error_vs_k`) summed one product
+    at a time in float32 with round-to-nearest (an FMA chain on CUDA cores; products of these
+    formats are exact in float32)."""
+    check_choice("fmt", fmt, tuple(DTYPES))
+    ks = _check_ks(ks)
+    outputs = check_int("outputs", outputs, 1)
     rows = max(1, int(np.sqrt(outputs)))
     cols = -(-outputs // rows)
     a = sample(fmt, (rows, ks[-1]), dist, seed).astype(np.float32)
@@ -160,9 +246,11 @@ def fp32_chain_error(fmt: str = "f16", ks=tuple(2 ** i for i in range(4, 15)), *
     prods = a[:, :, None] * b[None, :, :]  # exact
     acc = np.cumsum(prods, axis=1, dtype=np.float32)  # sequential float32 additions
     ref = np.cumsum(prods.astype(np.float64), axis=1)
+    tiny = np.finfo(np.float64).tiny
     mx, mn = [], []
     for k in ks:
-        rel = np.abs(acc[:, k - 1].astype(np.float64) - ref[:, k - 1]) / np.abs(ref[:, k - 1])
+        rel = np.abs(acc[:, k - 1].astype(np.float64) - ref[:, k - 1]) / np.maximum(np.abs(ref[:, k - 1]), tiny)
+        rel = rel.reshape(-1)[:outputs]  # the first ``outputs`` of the rows x cols dot products
         mx.append(float(rel.max()))
         mn.append(float(rel.mean()))
     return ErrorCurve(f"fp32 FMA chain ({fmt})", fmt, "fma.rn.f32", tuple(ks), tuple(mx), tuple(mn))

@@ -7,8 +7,9 @@ Contracts (public)::
 
 ``addrs`` is a (32,) integer array of byte addresses: lanes 8i..8i+7 give the rows of matrix i
 (only the first 8 * num lanes are read). Rows are 16 bytes and must be 16-byte aligned; they need
-not be contiguous. ``mem`` stands for shared memory. stmatrix is ldmatrix inverted: both are
-driven by the same layout table (``tcemu/_src/layouts/mma.py``, ``MATRIX_MOVE``).
+not be contiguous. ``mem`` stands for shared memory. Concrete addresses are checked; traced ones
+cannot be: bytes outside ``mem`` then read as zero / are dropped. stmatrix is ldmatrix inverted:
+both are driven by the same layout table (``tcemu/_src/layouts/mma.py``, ``MATRIX_MOVE``).
 """
 from __future__ import annotations
 
@@ -19,8 +20,7 @@ import numpy as np
 from tcemu._src import memory as memmod
 from tcemu._src.arch import Arch
 from tcemu._src.isa.parse import MatrixMove
-from tcemu._src.isa.wmma import (Instruction, check_mem, check_regs, pack_values, register_indices,
-                                 unpack_values)
+from tcemu._src.isa.wmma import Instruction, check_regs, pack_values, register_indices, unpack_values
 from tcemu._src.layouts.fragment import Fragment
 from tcemu._src.layouts.mma import MATRIX_MOVE
 
@@ -52,50 +52,67 @@ class MatrixMove_(Instruction):
         self._name = name
         self._impl = jax.jit(self._ld if ins.op == "ld" else self._st, static_argnames=("regidx",))
 
-    def _addresses(self, addrs):
+    def _rows_cols(self, addrs):
+        """Per (lane, value): the row address of its element (traced) and its column (static)."""
         f = self.fragment
-        rows = jnp.asarray(addrs, jnp.int32)[jnp.asarray(f.coords[..., 0])]
-        return rows + jnp.asarray(f.coords[..., 1] * (self.bits // 8), jnp.int32)
+        return jnp.asarray(addrs)[jnp.asarray(f.coords[..., 0])], f.coords[..., 1]
 
     def _ld(self, regs, mem, addrs, regidx):
-        vals = memmod.read(mem, self._addresses(addrs), 0, self.bits)
+        rows, cols = self._rows_cols(addrs)
+        vals = memmod.read(mem, rows, 0, cols, 0, self.bits)
         return regs.at[:, list(regidx)].set(pack_values(vals, self.fragment))
 
     def _st(self, mem, regs, addrs, regidx):
+        rows, cols = self._rows_cols(addrs)
         vals = unpack_values(regs[:, list(regidx)], self.fragment)
-        return memmod.write(mem, self._addresses(addrs), 0, vals, self.bits)
+        return memmod.write(mem, rows, 0, cols, 0, vals, self.bits)
 
     def _check(self, regs, mem, idx, addrs):
+        """Checked (regs, mem, register indices, addrs); concrete addrs come back as int32 with the
+        lanes that are not read set to 0."""
         sp = self.spelling
-        check_regs(sp, regs)
-        mem = check_mem(sp, mem)
-        idx = register_indices(sp, self._name, idx, self.nregs, jnp.shape(regs))
-        if jnp.shape(addrs) != (32,):
+        regs = check_regs(sp, regs)
+        mem = memmod.check_mem(mem, sp)
+        idx = register_indices(sp, self._name, idx, self.nregs, regs.shape[1])
+        if not isinstance(addrs, (jax.Array, np.ndarray)):
+            try:
+                addrs = np.asarray(addrs)
+            except (TypeError, ValueError, OverflowError):
+                raise TypeError(f"{sp}: addrs must be a (32,) integer array of byte addresses, "
+                                f"got {type(addrs).__name__}") from None
+        if not np.issubdtype(addrs.dtype, np.integer):
+            raise TypeError(f"{sp}: addrs must be a (32,) integer array of byte addresses (one per lane), "
+                            f"got dtype {addrs.dtype}")
+        if addrs.shape != (32,):
             raise ValueError(f"{sp}: addrs must be a (32,) array of byte addresses (one per lane), "
-                             f"got shape {jnp.shape(addrs)}")
+                             f"got shape {tuple(addrs.shape)}")
         try:
-            a = np.asarray(addrs)[: 8 * self.nregs].astype(np.int64)
+            a = np.asarray(addrs).astype(object)[: 8 * self.nregs]
         except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
-            return mem, idx
-        bad = np.flatnonzero(a % 16)
-        if bad.size:
-            raise ValueError(f"{sp}: row addresses must be 16-byte aligned; lane {int(bad[0])} gives {int(a[bad[0]])}")
-        if a.min() < 0 or a.max() + 16 > mem.shape[0]:
-            raise IndexError(f"{sp}: a row address is outside the memory of {mem.shape[0]} bytes")
-        return mem, idx
+            return regs, mem, idx, addrs
+        bad = [lane for lane, x in enumerate(a) if x % 16]
+        if bad:
+            raise ValueError(f"{sp}: row addresses (addrs) must be 16-byte aligned; lane {bad[0]} gives {a[bad[0]]}")
+        bad = [lane for lane, x in enumerate(a) if not 0 <= x <= mem.shape[0] - 16]
+        if bad:
+            raise IndexError(f"{sp}: addrs[{bad[0]}]={a[bad[0]]}: its 16-byte row is outside the memory of "
+                             f"{mem.shape[0]} bytes")
+        used = np.zeros(32, np.int32)
+        used[: 8 * self.nregs] = a
+        return regs, mem, idx, used
 
 
 class LdMatrix(MatrixMove_):
     """``f(regs, mem, *, dst, addrs) -> regs``."""
 
     def __call__(self, regs, mem, *, dst, addrs):
-        mem, dst = self._check(regs, mem, dst, addrs)
-        return self._impl(regs, mem, jnp.asarray(addrs), regidx=dst)
+        regs, mem, dst, addrs = self._check(regs, mem, dst, addrs)
+        return self._impl(regs, mem, addrs, regidx=dst)
 
 
 class StMatrix(MatrixMove_):
     """``f(mem, regs, *, src, addrs) -> mem``."""
 
     def __call__(self, mem, regs, *, src, addrs):
-        mem, src = self._check(regs, mem, src, addrs)
-        return self._impl(mem, regs, jnp.asarray(addrs), regidx=src)
+        regs, mem, src, addrs = self._check(regs, mem, src, addrs)
+        return self._impl(mem, regs, addrs, regidx=src)

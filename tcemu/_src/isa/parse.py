@@ -86,14 +86,30 @@ class Mma:
 
 
 def _close(tok, choices):
-    m = difflib.get_close_matches(tok, choices, n=3)
+    if tok.lower() in choices:
+        return f" (qualifiers are lower case: .{tok.lower()})"
+    m = [c for c in difflib.get_close_matches(tok, choices, n=3) if c != tok]
     return f" (did you mean {', '.join('.' + c for c in m)}?)" if m else ""
 
 
-def _split(spelling: str, prefix: str):
+def _clean(spelling) -> str:
+    """The spelling without surrounding whitespace and a trailing ``;``; rejects non-strings,
+    empty spellings and whitespace inside."""
     if not isinstance(spelling, str):
-        raise TypeError(f"a PTX spelling must be a string, got {type(spelling).__name__}")
-    s = spelling.strip().rstrip(";")
+        raise TypeError(f"a PTX spelling must be a string, got {spelling!r} ({type(spelling).__name__})")
+    s = spelling.strip().rstrip(";").rstrip()
+    if not s:
+        raise ValueError(f"empty PTX spelling {spelling!r}; expected e.g. "
+                         "'wmma.load.a.sync.aligned.row.m16n16k16.f16'")
+    ws = re.search(r"\s", s)
+    if ws:
+        raise ValueError(f"{spelling!r}: whitespace inside the spelling (after {s[:ws.start()]!r}); "
+                         "write the instruction as one dotted word")
+    return s
+
+
+def _split(spelling: str, prefix: str):
+    s = _clean(spelling)
     if not s.startswith(prefix + "."):
         raise ValueError(f"{spelling!r} does not start with {prefix!r}")
     return s, s[len(prefix) + 1:].split(".")
@@ -107,7 +123,7 @@ class _Quals:
         valid = [v for vs in categories.values() for v in vs]
         for tok in tokens:
             if not tok:
-                raise ValueError(f"{spelling!r}: empty qualifier (two dots in a row?)")
+                raise ValueError(f"{spelling!r}: empty qualifier (two dots in a row, or a trailing dot?)")
             for cat, vals in categories.items():
                 if tok in vals:
                     self.found[cat].append(tok)
@@ -116,7 +132,8 @@ class _Quals:
                 if shapes_re and re.fullmatch(r"m\d+n\d+k\d+", tok):
                     raise ValueError(f"{spelling!r}: shape .{tok} is not valid here; valid shapes: "
                                      f"{', '.join('.' + v for v in categories['shape'])}")
-                raise ValueError(f"{spelling!r}: unknown qualifier .{tok}{_close(tok, valid)}; valid "
+                shown = f".{tok}" if tok.isascii() and tok.isprintable() else repr("." + tok)
+                raise ValueError(f"{spelling!r}: unknown qualifier {shown}{_close(tok, valid)}; valid "
                                  f"qualifiers: {', '.join('.' + v for v in valid)}")
 
     def one(self, spelling, cat, *, required=True, multi_ok=False):
@@ -343,14 +360,19 @@ def parse_wgmma(spelling: str) -> Mma:
 
 def parse(spelling: str):
     """Parse any supported PTX spelling into its instruction description."""
-    s = spelling.strip() if isinstance(spelling, str) else spelling
-    for prefix, fn in (("wmma.load", parse_wmma_load), ("wmma.store", parse_wmma_store),
-                       ("wmma.mma", parse_wmma_mma), ("wgmma.mma_async", parse_wgmma),
-                       ("mma", parse_mma_sync), ("ldmatrix", parse_matrix_move),
-                       ("stmatrix", parse_matrix_move)):
-        if isinstance(s, str) and (s.startswith(prefix + ".")):
+    s = _clean(spelling)
+    parsers = (("wmma.load", parse_wmma_load), ("wmma.store", parse_wmma_store),
+               ("wmma.mma", parse_wmma_mma), ("wgmma.mma_async", parse_wgmma),
+               ("mma", parse_mma_sync), ("ldmatrix", parse_matrix_move), ("stmatrix", parse_matrix_move))
+    for prefix, fn in parsers:
+        if s.startswith(prefix + "."):
             return fn(s)
-    raise ValueError(f"unsupported instruction {spelling!r}; supported: wmma.load, wmma.store, "
+    hint = ""
+    if any(s == prefix for prefix, _ in parsers):
+        hint = f" ({s} needs its qualifiers, e.g. .sync.aligned and a shape)"
+    elif s != s.lower() and any(s.lower().startswith(prefix + ".") for prefix, _ in parsers):
+        hint = f" (PTX is case-sensitive: did you mean {s.lower()!r}?)"
+    raise ValueError(f"unsupported instruction {spelling!r}{hint}; supported: wmma.load, wmma.store, "
                      "wmma.mma, mma.sync, ldmatrix, stmatrix, wgmma.mma_async (value level)")
 
 
@@ -378,7 +400,7 @@ class MatrixMove:
 
 
 def parse_matrix_move(spelling: str) -> MatrixMove:
-    op = "ld" if spelling.strip().startswith("ldmatrix") else "st"
+    op = "ld" if _clean(spelling).startswith("ldmatrix") else "st"
     s, toks = _split(spelling, "ldmatrix" if op == "ld" else "stmatrix")
     shapes = ("m8n8", "m16n16", "m8n16") if op == "ld" else ("m8n8", "m16n8")
     rest = ".".join(toks)

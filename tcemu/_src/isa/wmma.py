@@ -23,6 +23,7 @@ import numpy as np
 
 from tcemu._src import memory as memmod
 from tcemu._src.arch import Arch
+from tcemu._src.gemm import check_key
 from tcemu._src.isa import wmma_spec as S
 from tcemu._src.isa.parse import ELEMENT_BITS, Mma, WmmaLoad, WmmaStore
 from tcemu._src.layouts.fragment import Fragment
@@ -105,35 +106,47 @@ def unpack_values(words, frag: Fragment):
 # validation helpers
 
 
-def register_indices(spelling, name, idx, n, regs_shape):
-    try:
-        t = tuple(int(i) for i in idx)
-    except TypeError:
-        raise TypeError(f"{spelling}: {name}= must be a sequence of register indices, got {idx!r}") from None
+def _register_index(i):
+    """``i`` as an int if it is a concrete integer (Python, NumPy or 0-d array), else None."""
+    if memmod.is_integer_value(i):
+        return int(i)
+    if isinstance(i, (jax.Array, np.ndarray)) and i.ndim == 0 and np.issubdtype(i.dtype, np.integer):
+        return memmod.concrete_int(i)
+    return None
+
+
+def register_indices(spelling, name, idx, n, nregs):
+    """Validated register indices (a tuple of ints) of a fragment of ``n`` registers out of ``nregs``."""
+    if isinstance(idx, (str, bytes)) or not hasattr(idx, "__iter__"):
+        raise TypeError(f"{spelling}: {name}= must be a sequence of integer register indices, got {idx!r}")
+    t = []
+    for i in idx:
+        v = _register_index(i)
+        if v is None:
+            raise TypeError(f"{spelling}: {name}= must hold concrete integer register indices, "
+                            f"got {i!r} ({type(i).__name__})")
+        t.append(v)
     if len(t) != n:
         raise ValueError(f"{spelling}: {name}= needs {n} registers for this fragment, got {len(t)}")
-    if len(regs_shape) != 2 or regs_shape[0] != 32:
-        raise ValueError(f"{spelling}: regs must have shape (32, nregs) (use jax.vmap for many warps), "
-                         f"got {tuple(regs_shape)}")
-    bad = [i for i in t if not 0 <= i < regs_shape[1]]
+    bad = [i for i in t if not 0 <= i < nregs]
     if bad:
-        raise ValueError(f"{spelling}: {name}= registers {bad} out of range 0..{regs_shape[1] - 1}")
+        raise ValueError(f"{spelling}: {name}= registers {bad} out of range 0..{nregs - 1}")
     if len(set(t)) != len(t):
-        raise ValueError(f"{spelling}: {name}= names a register twice: {t}")
-    return t
+        raise ValueError(f"{spelling}: {name}= names a register twice: {tuple(t)}")
+    return tuple(t)
 
 
 def check_regs(spelling, regs):
-    if jnp.asarray(regs).dtype != jnp.uint32:
-        raise TypeError(f"{spelling}: regs must be uint32, got {jnp.asarray(regs).dtype}")
-
-
-def check_mem(spelling, mem):
-    mem = jnp.asarray(mem)
-    if mem.ndim != 1 or mem.dtype != jnp.uint8:
-        raise ValueError(f"{spelling}: mem must be a 1-D uint8 array (use jax.vmap for many warps), "
-                         f"got {mem.dtype} {mem.shape}")
-    return mem
+    """``regs`` as a (32, nregs) uint32 JAX array, or a clear error naming it."""
+    if not isinstance(regs, (jax.Array, np.ndarray)):
+        raise TypeError(f"{spelling}: regs must be a (32, nregs) uint32 array (tcemu.regfile), "
+                        f"got {type(regs).__name__}")
+    if regs.dtype != np.uint32:
+        raise TypeError(f"{spelling}: regs must be uint32 (tcemu.regfile), got dtype {regs.dtype}")
+    if regs.ndim != 2 or regs.shape[0] != 32 or regs.shape[1] < 1:
+        raise ValueError(f"{spelling}: regs must have shape (32, nregs) (use jax.vmap for many warps), "
+                         f"got {tuple(regs.shape)}")
+    return jnp.asarray(regs)
 
 
 class Instruction:
@@ -165,25 +178,33 @@ class _WmmaMemoryOp(Instruction):
         self.nregs = self.fragment.nregs
 
     def _check_address(self, mem, p, stride):
-        """Alignment (Matrix Storage for WMMA), stride >= default, and the memory's bounds."""
+        """Types, stride >= default, alignment (Matrix Storage for WMMA) and the memory's bounds.
+        Returns (p, stride), concrete ints where known."""
         sp = self.spelling
         fb = self.alignment
-        p_ = memmod.concrete_int(p)
-        if p_ is not None and p_ % fb:
-            raise ValueError(f"{sp}: p={p_} must be a multiple of {fb} bytes (row alignment of this fragment)")
-        s_ = memmod.concrete_int(stride)
-        if s_ is not None:
-            if s_ < self.default_stride:
-                raise ValueError(f"{sp}: stride={s_} is below the default {self.default_stride} (undefined in PTX)")
-            if (s_ * self.bits) % (8 * fb):
-                raise ValueError(f"{sp}: stride={s_} elements ({s_ * self.bits / 8:g} bytes) must be a "
+        p = memmod.scalar_int(p, "p", sp)
+        stride = self.default_stride if stride is None else memmod.scalar_int(stride, "stride", sp)
+        if isinstance(p, int) and p < 0:
+            raise IndexError(f"{sp}: p={p} is a negative address")
+        if isinstance(p, int) and p % fb:
+            raise ValueError(f"{sp}: p={p} must be a multiple of {fb} bytes (row alignment of this fragment)")
+        rows, cols = self.fragment.rows, self.fragment.cols
+        if isinstance(stride, int):
+            if stride < self.default_stride:
+                raise ValueError(f"{sp}: stride={stride} is below the default {self.default_stride} "
+                                 "(the minimum; smaller is undefined in PTX)")
+            if (stride * self.bits) % (8 * fb):
+                raise ValueError(f"{sp}: stride={stride} elements ({stride * self.bits / 8:g} bytes) must be a "
                                  f"multiple of {fb} bytes (row alignment of this fragment)")
-            rows, cols = self.fragment.rows, self.fragment.cols
-            memmod.check_range(mem, p, memmod.extent_bytes(rows, cols, self.bits, self.ins.layout, s_), sp)
+            memmod.check_range(mem, p, memmod.extent_bytes(rows, cols, self.bits, self.ins.layout, stride), sp)
+        else:  # traced stride: at least the first row (column) is read
+            first = (1, cols) if self.ins.layout == "row" else (rows, 1)
+            memmod.check_range(mem, p, memmod.extent_bytes(*first, self.bits, self.ins.layout, 0), sp)
+        return p, stride
 
-    def _offsets(self, stride):
+    def _lead_inner(self):
         r, c = self.fragment.coords[..., 0], self.fragment.coords[..., 1]
-        return memmod.element_offsets(jnp.asarray(r), jnp.asarray(c), self.ins.layout, stride)
+        return memmod.lead_inner(r, c, self.ins.layout)
 
 
 class WmmaLoad_(_WmmaMemoryOp):
@@ -194,15 +215,14 @@ class WmmaLoad_(_WmmaMemoryOp):
         self._impl = jax.jit(self._load, static_argnames=("dst",))
 
     def _load(self, regs, mem, p, stride, dst):
-        vals = memmod.read(mem, p, self._offsets(stride), self.bits)
+        vals = memmod.read(mem, p, *self._lead_inner(), stride, self.bits)
         return regs.at[:, list(dst)].set(pack_values(vals, self.fragment))
 
     def __call__(self, regs, mem, *, dst, p, stride=None):
-        check_regs(self.spelling, regs)
-        mem = check_mem(self.spelling, mem)
-        dst = register_indices(self.spelling, "dst", dst, self.nregs, jnp.shape(regs))
-        stride = self.default_stride if stride is None else stride
-        self._check_address(mem, p, stride)
+        regs = check_regs(self.spelling, regs)
+        mem = memmod.check_mem(mem, self.spelling)
+        dst = register_indices(self.spelling, "dst", dst, self.nregs, regs.shape[1])
+        p, stride = self._check_address(mem, p, stride)
         return self._impl(regs, mem, p, stride, dst=dst)
 
 
@@ -215,14 +235,13 @@ class WmmaStore_(_WmmaMemoryOp):
 
     def _store(self, mem, regs, p, stride, src):
         vals = unpack_values(regs[:, list(src)], self.fragment)
-        return memmod.write(mem, p, self._offsets(stride), vals, self.bits)
+        return memmod.write(mem, p, *self._lead_inner(), stride, vals, self.bits)
 
     def __call__(self, mem, regs, *, src, p, stride=None):
-        check_regs(self.spelling, regs)
-        mem = check_mem(self.spelling, mem)
-        src = register_indices(self.spelling, "src", src, self.nregs, jnp.shape(regs))
-        stride = self.default_stride if stride is None else stride
-        self._check_address(mem, p, stride)
+        regs = check_regs(self.spelling, regs)
+        mem = memmod.check_mem(mem, self.spelling)
+        src = register_indices(self.spelling, "src", src, self.nregs, regs.shape[1])
+        p, stride = self._check_address(mem, p, stride)
         return self._impl(mem, regs, p, stride, src=src)
 
 
@@ -280,11 +299,11 @@ class MmaRegs(Instruction):
         return regs.at[:, list(d)].set(matrix_to_fragment(_from_numeric(D, ins.dtype), self.fd))
 
     def __call__(self, regs, *, d, a, b, c, key=None):
-        check_regs(self.spelling, regs)
-        shape = jnp.shape(regs)
+        regs = check_regs(self.spelling, regs)
+        key = check_key(key, self.spelling)
         given = {"d": d, "a": a, "b": b, "c": c}
         frags = {"d": self.fd, "a": self.fa, "b": self.fb, "c": self.fc}
-        args = {n: register_indices(self.spelling, n, given[n], frags[n].nregs, shape) for n in given}
+        args = {n: register_indices(self.spelling, n, given[n], frags[n].nregs, regs.shape[1]) for n in given}
         if self.ins.family == "f64":
             from tcemu._src.numerics.fma64 import require_x64
 

@@ -1,7 +1,8 @@
 """The fused block-FMA engine: bit-exact ``d = c + a @ b`` for floating-point tensor-core MMAs.
 
-All arithmetic is on int32/uint32 (no float64, no ``jax_enable_x64``). Operands are bit patterns:
-``a`` (..., M, K) in format ``afmt``, ``b`` (..., K, N) in ``bfmt``, ``c`` (..., M, N) in ``cfmt``.
+All arithmetic is on int32/uint32 (no float64; the same bits with ``jax_enable_x64`` on). Operands
+are bit patterns: ``a`` (..., M, K) in format ``afmt``, ``b`` (..., K, N) in ``bfmt``, ``c``
+(..., M, N) in ``cfmt``.
 See :class:`~tcemu._src.numerics.model.BlockFMA` for the model.
 
 Example (one fp16 dot product of length 4 with an fp32 addend, V100 numerics)::
@@ -29,7 +30,7 @@ import numpy as np
 
 from tcemu._src import formats as fm
 from tcemu._src.numerics.model import BlockFMA
-from tcemu._src.numerics.rounding import round_pack, round_pack32, shr, split_signed
+from tcemu._src.numerics.rounding import round_pack, round_pack32, split_signed
 
 class _Terms(NamedTuple):
     """Addends of one fused block, (..., M, N, L), for the special-value and signed-zero paths."""
@@ -116,7 +117,9 @@ def _treduce(x, op, axis: int = _T):
     reductions over a middle axis run at a fraction of that speed)."""
     n = x.shape[axis]
     if n > _UNROLL or not unroll_terms():
-        return {jnp.add: jnp.sum, jnp.maximum: jnp.max}[op](x, axis=axis)
+        if op is jnp.add:  # dtype: jnp.sum widens int32 to int64 under jax_enable_x64
+            return jnp.sum(x, axis=axis, dtype=x.dtype)
+        return jnp.max(x, axis=axis)
     parts = [jax.lax.index_in_dim(x, i, axis, keepdims=False) for i in range(n)]
     out = parts[0]
     for p in parts[1:]:
@@ -230,21 +233,32 @@ def _fused(exp_for_max, align, make_flags, make_c, cfrac: int, model: BlockFMA, 
     # (the alignment exponent carries the sentinel). Only then are term flags computed.
     special = (E > _SPECIAL_ABOVE) | c.is_nan | c.is_inf
 
+    ieee_zero = model.exact_zero == "ieee"
+
     def slow(bits):
         flags = make_flags()
-        all_neg = jnp.all(flags.neg != 0, axis=_T) & (c.sign != 0)
-        bits = jnp.where(exact_zero & all_neg, bits | jnp.uint32(out.sign_bit), bits)
+        if ieee_zero:  # IEEE 754: -0 when every addend is -0, and any exact zero under "rd"
+            if mode == "rd":
+                neg_zero = ~(jnp.all(flags.neg == 0, axis=_T) & (c.sign == 0))
+            else:
+                neg_zero = jnp.all(flags.neg != 0, axis=_T) & (c.sign != 0)
+            bits = jnp.where(exact_zero & neg_zero, bits | jnp.uint32(out.sign_bit), bits)
         is_nan, pos_inf, neg_inf = _specials(flags, c)
         bits = jnp.where(pos_inf | neg_inf, out.inf_bits(neg_inf), bits)
         return jnp.where(is_nan, jnp.uint32(out.canonical_nan), bits)
 
-    if _DEFERRED:
-        # the slow path changes a result only for NaN/inf operands or an exact zero whose addends
-        # are all negative: then C is negative and aligns to 0 (a -0 or a tiny C), since any other
-        # negative C would make the all-negative sum nonzero. Such outputs become NaN.
-        need = (exact_zero & (c.sign != 0) & (tc == 0)) | special
-        return jnp.where(need, jnp.uint32(out.canonical_nan), bits)
-    return jax.lax.cond(jnp.any(exact_zero | special), slow, lambda bits: bits, bits)
+    # With exact_zero "+0" an exact zero is +0 as computed; with "ieee" it may be -0: only when
+    # its addends are all negative (so C is negative and aligns to 0: a -0 or a tiny C, since any
+    # other negative C would make the sum nonzero), or under "rd".
+    if not ieee_zero:
+        zero_sign = jnp.zeros_like(exact_zero)
+    elif mode == "rd":
+        zero_sign = exact_zero
+    else:
+        zero_sign = exact_zero & (c.sign != 0) & (tc == 0)
+    if _DEFERRED:  # outputs the slow path could change become NaN
+        return jnp.where(zero_sign | special, jnp.uint32(out.canonical_nan), bits)
+    return jax.lax.cond(jnp.any(zero_sign | special), slow, lambda bits: bits, bits)
 
 
 _DEFERRED = False
@@ -283,10 +297,10 @@ def _order(K: int, model: BlockFMA):
         return None
     P = len(model.block_order)
     if K < P:
-        return np.asarray([k for k in model.block_order if k < K])
+        return np.asarray([k for k in model.block_order if k < K], np.int32)
     if K % P:
         raise ValueError(f"block_order of length {P} does not tile K={K}")
-    return np.concatenate([np.asarray(model.block_order) + P * i for i in range(K // P)])
+    return np.concatenate([np.asarray(model.block_order, np.int32) + P * i for i in range(K // P)])
 
 
 class Prepared(NamedTuple):
@@ -375,6 +389,8 @@ def fused_dot_prepared(p: Prepared, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, 
         return jax.random.bits(jax.random.fold_in(key, i), c_bits.shape, jnp.uint32)
 
     L = model.block_size
+    separate = model.block_sum == "separate"
+    neutral = lambda: fm.decode(jnp.full_like(c_bits, acc_fmt.sign_bit), acc_fmt)  # noqa: E731 - -0: x + -0 == x
     for blk, k0 in enumerate(range(0, K, L)):
         sl = slice(k0, k0 + L)
         ab, bb = p.a_bits[..., sl], p.b_bits[..., sl, :]
@@ -386,8 +402,13 @@ def fused_dot_prepared(p: Prepared, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, 
         else:
             emax, align = _int_align(_at(p.sa[..., sl]) * _bt(p.sb[..., sl, :]), texp, max(-pre, 0), model.sticky,
                                      F + max(-pre, 0) + 1 if model.normalize_products else None)
-        d = _fused(emax, align, flags, c, read_fmt.fraction_bits, model, fraction_bits=F, sticky=model.sticky,
-                   out=out, mode=mode, rand=rand_for(blk), min_exp=afmt.emin + bfmt.emin)
+        if separate:  # the block alone, rounded, then one addition into the accumulator
+            t = _fused(emax, align, flags, neutral, acc_fmt.fraction_bits, model, fraction_bits=F,
+                       sticky=model.sticky, out=out, mode=mode, rand=rand_for(blk), min_exp=afmt.emin + bfmt.emin)
+            d = _add(t, acc_fmt, d, read_fmt, model, out=out, mode=model.addend_rounding, rand=rand_for(K + blk))
+        else:
+            d = _fused(emax, align, flags, c, read_fmt.fraction_bits, model, fraction_bits=F, sticky=model.sticky,
+                       out=out, mode=mode, rand=rand_for(blk), min_exp=afmt.emin + bfmt.emin)
         read_fmt = acc_fmt
     if model.addend == "last":
         d = _add(d, acc_fmt, c_bits, cfmt, model, out=out, mode=model.addend_rounding, rand=rand_for(-1))
@@ -396,8 +417,10 @@ def fused_dot_prepared(p: Prepared, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, 
 
 def _add(x_bits, xfmt: fm.FloatFormat, y_bits, yfmt: fm.FloatFormat, model: BlockFMA, *, out, mode, rand=None):
     """One correctly rounded addition x + y into ``out`` (3 guard bits and a sticky bit make a
-    two-term sum exactly rounded); ``model`` supplies the overflow and subnormal policies."""
+    two-term sum exactly rounded): a CUDA-core FADD, so IEEE signed zeros; ``model`` supplies the
+    overflow and subnormal policies."""
     flush = not model.subnormal_inputs
+    model = model.replace(exact_zero="ieee")
     xs, xe = _prepare(fm.decode(x_bits, xfmt), 26 - xfmt.fraction_bits)
 
     def xflags():
@@ -414,4 +437,7 @@ def add(x_bits, y_bits, fmt: fm.FloatFormat = fm.F32, mode: str = "rne", *, rand
     """IEEE addition of two bit-pattern arrays of ``fmt`` (shape (..., M, N)) in integer
     arithmetic: what a CUDA-core FADD does with the partial sums of a GEMM (NaN canonical)."""
     return _add(jnp.asarray(x_bits).astype(jnp.uint32), fmt, jnp.asarray(y_bits).astype(jnp.uint32), fmt,
-                BlockFMA(overflow="ieee"), out=fmt, mode=mode, rand=rand)
+                _FADD, out=fmt, mode=mode, rand=rand)
+
+
+_FADD = BlockFMA(overflow="ieee", exact_zero="ieee")

@@ -26,8 +26,8 @@ ROUNDINGS = ("rn", "rz", "rm", "rp")
 
 def require_x64(what: str = "f64 MMAs"):
     if not jax.config.jax_enable_x64:
-        raise RuntimeError(f"{what} need 64-bit integers: call jax.config.update('jax_enable_x64', True) "
-                           "first (the fp16/bf16/tf32/fp8/integer paths do not need it)")
+        raise ValueError(f"{what} need 64-bit integers: call jax.config.update('jax_enable_x64', True) "
+                         "first (the fp16/bf16/tf32/fp8/integer paths do not need it)")
 
 
 def _shl(x, n):

@@ -21,7 +21,7 @@ def _add(c, p, satfinite: bool):
     d = c + p  # int32 addition wraps
     if satfinite:
         over = ((c ^ d) & (p ^ d)) < 0
-        d = jnp.where(over, jnp.where(c < 0, INT32_MIN, INT32_MAX), d)
+        d = jnp.where(over, jnp.where(c < 0, jnp.int32(INT32_MIN), jnp.int32(INT32_MAX)), d)
     return d
 
 
@@ -39,7 +39,7 @@ def b1_mma(a, b, c, *, op: str):
     if op == "and":
         p = both
     elif op == "xor":
-        p = jnp.sum(a, -1)[..., :, None] + jnp.sum(b, -2)[..., None, :] - 2 * both
+        p = jnp.sum(a, -1, dtype=jnp.int32)[..., :, None] + jnp.sum(b, -2, dtype=jnp.int32)[..., None, :] - 2 * both
     else:
         raise ValueError(f"b1 op must be 'and' or 'xor', got {op!r}")
     return _add(c.astype(jnp.int32), p, False)

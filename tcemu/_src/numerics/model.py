@@ -16,9 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from tcemu._src.numerics.rounding import ROUNDING_MODES
 
 MAX_FRACTION_BITS = 28
+# bound of |zero_exponent| and |min_exponent|: past every term (products of float32-range values
+# lie within 2**-298 .. 2**256)
+MAX_EXPONENT = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +47,7 @@ class BlockFMA:
         its extra bit) instead of the raw sum of the input exponents.
       zero_exponent: exponent a zero product or addend counts with when looking for the largest
         exponent (MMA-Sim uses -126); ``None`` ignores zero terms.
-      min_exponent: lower bound of the alignment exponent, or ``None``.
+      min_exponent: lower bound of the alignment exponent, or ``None``. Both in -512..512.
       subnormal_inputs / subnormal_outputs: ``False`` flushes them to zero.
       overflow: "inf" (NVIDIA: infinity even when rounding toward zero) or "ieee".
       tf32_conversion: how float32 operands of tf32 instructions lose their low 13 bits:
@@ -57,6 +62,13 @@ class BlockFMA:
       f16_accumulation: for binary16 C/D, "native" rounds every block into binary16
         (``f16_rounding``); "f32" widens C exactly, accumulates in binary32 and converts the
         result once with cvt.rn.f16.f32 (what emulated instructions compiled to FFMA do).
+      block_sum: "fused" (each block is summed together with the running accumulator, as in a
+        tensor core) or "separate" (each block is summed and rounded alone, then added to the
+        accumulator by one addition rounded with ``addend_rounding``: compiled CUDA-core code
+        such as sm_90's ``mma.m8n8k4`` with .f16 C/D, ``(C + fma(a1, b1, a0*b0)) + fma(a3, b3, a2*b2)``).
+      exact_zero: sign of a sum that is exactly zero: "+0" (NVIDIA tensor cores return +0 even
+        when every addend is -0; [H200] ``tests/data/signed_zeros_sm90.npz``) or "ieee" (IEEE 754:
+        -0 when every addend is -0, and for any exact zero under "rd"; CUDA-core FFMA/FADD).
     """
 
     fraction_bits: int = 25
@@ -76,33 +88,74 @@ class BlockFMA:
     addend: str = "first"
     addend_rounding: str = "rne"
     f16_accumulation: str = "native"
+    block_sum: str = "fused"
+    exact_zero: str = "+0"
 
     def __post_init__(self):
-        if not 1 <= self.fraction_bits <= MAX_FRACTION_BITS:
-            raise ValueError(f"fraction_bits must be in 1..{MAX_FRACTION_BITS}, got {self.fraction_bits}")
-        if self.block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
-        for name in ("rounding", "f16_rounding"):
-            if getattr(self, name) not in ROUNDING_MODES:
-                raise ValueError(f"{name} must be one of {ROUNDING_MODES}, got {getattr(self, name)!r}")
-        if not 1 <= self.accumulator_fraction_bits <= 23:
-            raise ValueError("accumulator_fraction_bits must be in 1..23")
-        if self.overflow not in ("inf", "ieee"):
-            raise ValueError(f"overflow must be 'inf' or 'ieee', got {self.overflow!r}")
-        if self.block_order is not None and sorted(self.block_order) != list(range(len(self.block_order))):
-            raise ValueError("block_order must be a permutation of range(P)")
-        if self.addend not in ("first", "last"):
-            raise ValueError(f"addend must be 'first' or 'last', got {self.addend!r}")
-        if self.addend_rounding not in ROUNDING_MODES:
-            raise ValueError(f"addend_rounding must be one of {ROUNDING_MODES}")
-        if self.f16_accumulation not in ("native", "f32"):
-            raise ValueError(f"f16_accumulation must be 'native' or 'f32', got {self.f16_accumulation!r}")
-        if self.tf32_conversion not in ("truncate", "rna"):
-            raise ValueError(f"tf32_conversion must be 'truncate' or 'rna', got {self.tf32_conversion!r}")
+        int_field(self, "fraction_bits", 1, MAX_FRACTION_BITS)
+        int_field(self, "block_size", 1, None)
+        int_field(self, "accumulator_fraction_bits", 1, 23)
+        for name in ("rounding", "f16_rounding", "addend_rounding"):
+            choice_field(self, name, ROUNDING_MODES)
+        for name, choices in (("overflow", ("inf", "ieee")), ("tf32_conversion", ("truncate", "rna")),
+                              ("addend", ("first", "last")), ("f16_accumulation", ("native", "f32")),
+                              ("block_sum", ("fused", "separate")), ("exact_zero", ("+0", "ieee"))):
+            choice_field(self, name, choices)
+        for name in ("sticky", "normalize_products", "subnormal_inputs", "subnormal_outputs"):
+            v = getattr(self, name)
+            if not isinstance(v, (bool, np.bool_)):
+                raise TypeError(f"BlockFMA.{name} must be True or False, got {v!r}")
+            object.__setattr__(self, name, bool(v))
+        for name in ("zero_exponent", "min_exponent"):
+            if getattr(self, name) is not None:
+                int_field(self, name, -MAX_EXPONENT, MAX_EXPONENT, "or None")
+        order = self.block_order
+        if order is not None:
+            if isinstance(order, (str, bytes)) or not isinstance(order, (tuple, list, np.ndarray)) or any(
+                    not _is_int(k) for k in order):
+                raise TypeError(f"BlockFMA.block_order must be None or a tuple of ints, got {order!r}")
+            order = tuple(int(k) for k in order)
+            if not order or sorted(order) != list(range(len(order))):
+                raise ValueError(f"BlockFMA.block_order must be a permutation of range(P) (P >= 1), got {order}")
+            object.__setattr__(self, "block_order", order)
 
     @property
     def stochastic(self) -> bool:
         return "stochastic" in (self.rounding, self.f16_rounding, self.addend_rounding)
 
     def replace(self, **changes) -> "BlockFMA":
-        return dataclasses.replace(self, **changes)
+        return replace_fields(self, changes)
+
+
+def replace_fields(obj, changes: dict):
+    """``dataclasses.replace`` that names the valid fields when given an unknown one."""
+    fields = [f.name for f in dataclasses.fields(obj)]
+    unknown = sorted(set(changes) - set(fields))
+    if unknown:
+        raise TypeError(f"{type(obj).__name__} has no field {', '.join(unknown)}; fields: {', '.join(fields)}")
+    return dataclasses.replace(obj, **changes)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def int_field(obj, name: str, lo: int, hi: int | None, extra: str = ""):
+    """Check that ``obj.name`` is an integer (bools rejected) in ``lo..hi`` and store it as int."""
+    v = getattr(obj, name)
+    what = f"in {lo}..{hi}" if hi is not None else f">= {lo}"
+    what = f"{what} (an integer{' ' + extra if extra else ''})"
+    cls = type(obj).__name__
+    if not _is_int(v):
+        raise TypeError(f"{cls}.{name} must be {what}, got {v!r} ({type(v).__name__})")
+    if v < lo or (hi is not None and v > hi):
+        raise ValueError(f"{cls}.{name} must be {what}, got {v}")
+    object.__setattr__(obj, name, int(v))
+
+
+def choice_field(obj, name: str, choices):
+    """Check that ``obj.name`` is one of the strings ``choices``."""
+    v = getattr(obj, name)
+    if not isinstance(v, str) or v not in choices:
+        err = ValueError if isinstance(v, str) else TypeError
+        raise err(f"{type(obj).__name__}.{name} must be one of {', '.join(map(repr, choices))}, got {v!r}")

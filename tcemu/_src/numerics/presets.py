@@ -39,7 +39,9 @@ class ArchNumerics:
     """The numerics of one architecture, per input family and instruction kind.
 
     ``None`` means the architecture has no such MMA. ``fp8_mma`` is ``mma.sync`` with e4m3/e5m2
-    inputs, ``fp8_wgmma`` Hopper's ``wgmma``.
+    inputs, ``fp8_wgmma`` Hopper's ``wgmma``. ``mma_m8n8k4_f16`` is ``mma.m8n8k4`` with f16
+    inputs, ``mma_m8n8k4_f16_d`` the same with an f16 D where that is computed differently
+    (``None``: as ``mma_m8n8k4_f16``).
     """
 
     arch: str
@@ -51,7 +53,18 @@ class ArchNumerics:
     wgmma_tf32: BlockFMA | None = None
     wmma_tf32: BlockFMA | None = None
     mma_m8n8k4_f16: BlockFMA | None = None
+    mma_m8n8k4_f16_d: BlockFMA | None = None
     notes: str = ""
+
+    def __post_init__(self):
+        if not isinstance(self.arch, str):
+            raise TypeError(f"ArchNumerics.arch must be a name (str), got {self.arch!r}")
+        if not isinstance(self.notes, str):
+            raise TypeError(f"ArchNumerics.notes must be a str, got {self.notes!r}")
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name not in ("arch", "notes") and v is not None and not isinstance(v, BlockFMA):
+                raise TypeError(f"ArchNumerics.{f.name} must be a tcemu.BlockFMA or None, got {v!r}")
 
     def for_instruction(self, ins) -> BlockFMA | None:
         """The model of a parsed MMA instruction (``tcemu._src.isa.parse.Mma``)."""
@@ -61,21 +74,25 @@ class ArchNumerics:
         if family == "tf32":
             return {"wgmma": self.wgmma_tf32, "wmma": self.wmma_tf32 or self.tf32}.get(kind, self.tf32)
         if kind == "mma" and ins.shape == "m8n8k4" and family == "f16":
-            return self.mma_m8n8k4_f16
+            return (self.mma_m8n8k4_f16_d if ins.dtype == "f16" else None) or self.mma_m8n8k4_f16
         return getattr(self, family, None)
 
 
-# Turing and later run mma.sync.m8n8k4 .f16 (Volta's HMMA.884) as compiled FFMA code: [H200] a
-# sequential binary32 FMA chain over k = 0..3 from +0, then C (widened) added with one RNE add
-# and, for .f16 D, one cvt.rn.f16.f32.
+# Turing and later run mma.sync.m8n8k4 .f16 (Volta's HMMA.884) as compiled CUDA-core code, IEEE
+# signed zeros included. [H200] f32 C/D: a sequential binary32 FMA chain over k = 0..3 from +0,
+# then C added with one RNE add. f16 D (SASS and tests/data/signed_zeros_sm90.npz): per pair of k
+# fma(a1, b1, a0*b0) and fma(a3, b3, a2*b2), then (C + pair 0) + pair 1 in binary32 (C widened),
+# then one cvt.rn.f16.f32.
 FFMA_M8N8K4 = BlockFMA(fraction_bits=26, block_size=1, rounding="rne", sticky=True, addend="last",
-                       f16_accumulation="f32")
+                       f16_accumulation="f32", exact_zero="ieee")
+FFMA_M8N8K4_F16 = BlockFMA(fraction_bits=26, block_size=2, rounding="rne", sticky=True, block_sum="separate",
+                           f16_accumulation="f32", exact_zero="ieee")
 
 
-def _volta() -> ArchNumerics:
+def _volta(name="sm_70", notes="") -> ArchNumerics:
     m = BlockFMA(fraction_bits=23, block_size=4)  # [F21] no guard digits, 4 + c; [KM25] [MS25] [PV]
-    return ArchNumerics("sm_70", f16=m, mma_m8n8k4_f16=m,  # wmma on Volta is HMMA.884 (experiments/volta_sass)
-                        notes="fp16 only; 23 fraction bits kept, blocks of 4 products")
+    return ArchNumerics(name, f16=m, mma_m8n8k4_f16=m,  # wmma on Volta is HMMA.884 (experiments/volta_sass)
+                        notes=notes or "fp16 only; 23 fraction bits kept, blocks of 4 products")
 
 
 def _turing() -> ArchNumerics:
@@ -85,11 +102,20 @@ def _turing() -> ArchNumerics:
         notes="fp16 only; from [MS25] (no published vectors for T4)")
 
 
-def _ampere(name) -> ArchNumerics:
+def _ampere(name, notes="") -> ArchNumerics:
     m = BlockFMA(fraction_bits=24, block_size=8)  # [F21] [KM25] A100TC.m fma=8 neab=1; [MS25]; [PV]
     return ArchNumerics(name, f16=m, bf16=m,
                         tf32=BlockFMA(fraction_bits=24, block_size=4),  # [KM25] fma=4; [MS25]; [PV]
-                        mma_m8n8k4_f16=FFMA_M8N8K4)  # assumed as measured on sm_90 (no HMMA.884 after Volta)
+                        mma_m8n8k4_f16=FFMA_M8N8K4, mma_m8n8k4_f16_d=FFMA_M8N8K4_F16,  # assumed as on sm_90 (no HMMA.884 after Volta)
+                        notes=notes)
+
+
+# The Jetson GPUs have no published tensor-core measurements; their presets are assumed to follow
+# the GPU generation NVIDIA builds them from: Jetson AGX Xavier (sm_72) has a 512-core Volta GPU with
+# 64 Tensor Cores (NVIDIA Jetson AGX Xavier data sheet), Jetson Orin (sm_87, GA10B) an Ampere GPU
+# with third-generation Tensor Cores (NVIDIA Jetson AGX Orin Series Technical Brief). Pass model=
+# to use other numerics.
+_ASSUMED = "assumed: the numerics of {} ({}), not measured on {}"
 
 
 def _ada() -> ArchNumerics:
@@ -108,7 +134,7 @@ def _hopper() -> ArchNumerics:
         tf32=BlockFMA(fraction_bits=25, block_size=8),
         wmma_tf32=BlockFMA(fraction_bits=25, block_size=4),
         wgmma_tf32=BlockFMA(fraction_bits=25, block_size=8),  # [MS25]; [H200] wgmma m64n8k8
-        mma_m8n8k4_f16=FFMA_M8N8K4,  # [H200]
+        mma_m8n8k4_f16=FFMA_M8N8K4, mma_m8n8k4_f16_d=FFMA_M8N8K4_F16,  # [H200]
         # [H200] mma.sync m16n8k32 e4m3/e5m2 compiles to two f16 HMMAs (no fp8 MMA on sm_90):
         fp8_mma=m.replace(block_order=FP8_AS_F16_PAIRS, addend="last"),
         # [MS25] wgmma fp8: F=13, L=32, RZ-E8M13 (f16 output: RNE); [KM25] latest H100TC.m
@@ -122,18 +148,28 @@ def _blackwell() -> ArchNumerics:
         "sm_100", f16=m, bf16=m,
         tf32=BlockFMA(fraction_bits=25, block_size=8),  # [MS25]; [KM25] latest B200TC.m fma=8
         wmma_tf32=BlockFMA(fraction_bits=25, block_size=4),  # assumed as on sm_90 ([PV] k=4 agrees)
-        mma_m8n8k4_f16=FFMA_M8N8K4,  # assumed as measured on sm_90
+        mma_m8n8k4_f16=FFMA_M8N8K4, mma_m8n8k4_f16_d=FFMA_M8N8K4_F16,  # assumed as measured on sm_90
         # [PV] B200 e4m3/e5m2 (mma.sync m16n8k32): two interleaved f16 HMMAs, then RNE add of C
         fp8_mma=m.replace(block_order=FP8_AS_F16_PAIRS, addend="last"))
 
 
 PRESETS: dict[str, ArchNumerics] = {
-    "sm_70": _volta(), "sm_75": _turing(), "sm_80": _ampere("sm_80"), "sm_86": _ampere("sm_86"),
+    "sm_70": _volta(), "sm_72": _volta("sm_72", _ASSUMED.format("sm_70", "Volta", "Jetson AGX Xavier")),
+    "sm_75": _turing(), "sm_80": _ampere("sm_80"), "sm_86": _ampere("sm_86"),
+    "sm_87": _ampere("sm_87", _ASSUMED.format("sm_80/sm_86", "Ampere", "Jetson Orin")),
     "sm_89": _ada(), "sm_90": _hopper(), "sm_100": _blackwell(),
 }
 
 
 def numerics(arch) -> ArchNumerics:
-    """The :class:`ArchNumerics` preset of an architecture ("sm_90", "H100", ...)."""
+    """The :class:`ArchNumerics` preset of an architecture ("sm_90", "H100", ...); those of the
+    Jetson GPUs (sm_72, sm_87) are assumed from their generation (see their ``notes``)."""
     a: Arch = resolve(arch)
     return PRESETS[a.name]
+
+
+def check_model(model, where: str) -> None:
+    """Raise a TypeError naming ``where`` unless ``model`` is a BlockFMA, an ArchNumerics or None."""
+    if model is not None and not isinstance(model, (BlockFMA, ArchNumerics)):
+        raise TypeError(f"{where}: model must be a tcemu.BlockFMA, a tcemu.ArchNumerics or None, "
+                        f"got {model!r} ({type(model).__name__})")

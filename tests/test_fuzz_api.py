@@ -1,0 +1,265 @@
+"""Property test of the public API with random bad and edge inputs: every call either gives the
+correct result or raises a ValueError/TypeError/IndexError from tcemu's own code whose message
+names the argument that was bad. Never a JAX-internal error, never a wrong number.
+
+Valid calls use small integers (exact in every format), so the correct result is exact integer
+arithmetic in NumPy; one argument at a time is replaced by a value from a pool of bad ones."""
+from __future__ import annotations
+
+import traceback
+
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import tcemu
+
+SETTINGS = settings(max_examples=60, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+BAD_ANY = [None, "x", 2.5, -1, [1, 2], {"a": 1}, object()]
+
+
+def _check_error(err: BaseException, names):
+    """The error is one of ours, raised in tcemu's own code, naming one of ``names``."""
+    assert isinstance(err, (ValueError, TypeError, IndexError)), f"{type(err).__name__}: {err}"
+    frames = traceback.extract_tb(err.__traceback__)
+    assert "/tcemu/" in frames[-1].filename.replace("\\", "/"), \
+        f"raised outside tcemu ({frames[-1].filename}:{frames[-1].lineno}): {err}"
+    msg = str(err)
+    assert any(n in msg for n in names), f"message does not name {names}: {msg}"
+
+
+def _run(call, bad_names):
+    """Run ``call``; with a bad argument it must raise our error naming it. Returns the result
+    (or None after an expected error)."""
+    try:
+        out = call()
+        if isinstance(out, jax.Array):
+            out.block_until_ready()
+    except Exception as err:  # noqa: BLE001 - checked below
+        if not bad_names:
+            raise
+        _check_error(err, bad_names)
+        return None
+    assert not bad_names, f"bad {bad_names} accepted"
+    return out
+
+
+def _ints(draw, shape, lo=-3, hi=3):
+    return np.asarray(draw(st.lists(st.integers(lo, hi), min_size=int(np.prod(shape)),
+                                    max_size=int(np.prod(shape))))).reshape(shape).astype(np.float64)
+
+
+# ---------------------------------------------------------------------------------------------
+# tcemu.mma
+
+MMAS = [  # spelling, (m, n, k), a/b dtype, c/d dtype
+    ("wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32", (16, 16, 16), jnp.float16, jnp.float32),
+    ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", (16, 8, 16), jnp.bfloat16, jnp.float32),
+    ("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", (16, 8, 8), jnp.float32, jnp.float32),
+    ("mma.sync.aligned.m16n8k32.row.col.f16.e4m3.e4m3.f16", (16, 8, 32), ml_dtypes.float8_e4m3fn, jnp.float16),
+    ("wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16", (64, 8, 16), jnp.float16, jnp.float32),
+]
+MMA_BAD = {
+    "spelling": ["wmma.mma.sync.aligned.row.col.m16n16k16.f32.f31", "mma.sync", "", 7, None,
+                 "wmma.load.a.sync.aligned.row.m16n16k16.f16"],
+    "arch": ["sm_10", "H900", 90, None, ""],
+    "model": ["rz", 25, {"fraction_bits": 25}],
+    "a": ["shape", "dtype"], "b": ["shape", "dtype"], "c": ["shape", "dtype"],
+}
+
+
+@SETTINGS
+@given(st.data())
+def test_mma(data):
+    sp, (m, n, k), ab, cd = data.draw(st.sampled_from(MMAS))
+    batch = data.draw(st.sampled_from([(), (2,), (3, 1)]))
+    A = _ints(data.draw, batch + (m, k))
+    B = _ints(data.draw, batch + (k, n))
+    C = _ints(data.draw, batch + (m, n), -8, 8)
+    args = {"spelling": sp, "a": jnp.asarray(A, ab), "b": jnp.asarray(B, ab), "c": jnp.asarray(C, cd),
+            "arch": "H100", "model": None}
+    bad = data.draw(st.sampled_from([None] + sorted(MMA_BAD)))
+    if bad is not None:
+        v = data.draw(st.sampled_from(MMA_BAD[bad]))
+        if bad in "abc" and v == "shape":
+            args[bad] = args[bad][..., :-1]
+        elif bad in "abc":
+            args[bad] = args[bad].astype(jnp.int32 if args[bad].dtype != jnp.int32 else jnp.float32)
+        else:
+            args[bad] = v
+    names = [] if bad is None else ([bad, "shape", "dtype"] if bad in "abc" else
+                                    [bad, "spelling", "instruction", "qualifier"] if bad == "spelling" else [bad])
+    out = _run(lambda: tcemu.mma(args["spelling"], args["a"], args["b"], args["c"], arch=args["arch"],
+                                 model=args["model"]), names)
+    if out is not None:
+        np.testing.assert_array_equal(np.asarray(out, np.float64), A @ B + C)
+
+
+# ---------------------------------------------------------------------------------------------
+# matmul / dot_general / configs
+
+GEMM_BAD = {
+    "k_order": ["random", 3, None], "split_k": [0, 2.5, "4", True], "promotion_interval": [0, -128, 100.0, "128"],
+    "arch": ["sm_10", 80, ""], "instruction": ["m16n8k16", 16, "m16n8k16.f32.s8.s8.s32"],
+    "model": ["rz", 1], "quantize": ["rtz", 1], "grad_lhs": ["exact", 1], "config": [{"arch": "H100"}, "H100"],
+}
+
+
+@SETTINGS
+@given(st.data())
+def test_matmul(data):
+    M = data.draw(st.sampled_from([0, 1, 5, 17]))
+    K = data.draw(st.sampled_from([0, 3, 16, 40]))
+    N = data.draw(st.sampled_from([0, 2, 9]))
+    a, b = _ints(data.draw, (M, K)), _ints(data.draw, (K, N))
+    kw = {"arch": "H100", "instruction": data.draw(st.sampled_from(
+        ["m16n8k16.f32.bf16.bf16.f32", "m16n8k8.f32.tf32.tf32.f32", "m16n8k32.f32.e4m3.e4m3.f32"])),
+        "k_order": data.draw(st.sampled_from(["sequential", "split_k", "promotion", "pairwise"]))}
+    if kw["k_order"] == "promotion":
+        kw["promotion_interval"] = 128
+    bad = data.draw(st.sampled_from([None] + sorted(GEMM_BAD)))
+    config = None
+    if bad == "config":
+        config = data.draw(st.sampled_from(GEMM_BAD["config"]))
+    elif bad is not None:
+        kw[bad] = data.draw(st.sampled_from(GEMM_BAD[bad]))
+    out = _run(lambda: tcemu.matmul(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32), config=config, **kw),
+               [] if bad is None else [bad])
+    if out is not None:
+        assert out.shape == (M, N)
+        np.testing.assert_array_equal(np.asarray(out, np.float64), a @ b)
+
+
+@SETTINGS
+@given(st.data())
+def test_dot_general(data):
+    a = _ints(data.draw, (2, 3, 4))
+    b = _ints(data.draw, (4, 2, 5))
+    dn = (((2,), (0,)), ((), ()))
+    bad = data.draw(st.booleans())
+    if bad:
+        dn = data.draw(st.sampled_from([(((5,), (0,)), ((), ())), (((2,), (1,)), ((), ())), (((2, 2), (0, 0)), ((), ())),
+                                        (((-1,), (0,)), ((), ())), (((0,), (2,)), ((), ())), (((2,), (0,)), ((0,), (2,))),
+                                        "ij", (((2,), (0,)),)]))
+    out = _run(lambda: tcemu.dot_general(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32), dn),
+               ["dimension_numbers"] if bad else [])
+    if out is not None:
+        np.testing.assert_array_equal(np.asarray(out, np.float64), np.einsum("ijk,klm->ijlm", a, b))
+
+
+BLOCKFMA_BAD = {
+    "fraction_bits": [0, 24.5, "25", True, 99], "block_size": [0, -4, 8.0, "8"], "rounding": ["rn", 1, None],
+    "f16_rounding": ["rz-ish"], "accumulator_fraction_bits": [0, 24, 13.0], "sticky": ["yes", 2],
+    "zero_exponent": [1.5, "low"], "overflow": ["saturate"], "block_order": [(0, 0), (1, 2), "01", 3],
+    "addend": ["middle"], "f16_accumulation": ["f64"], "tf32_conversion": ["rne"],
+}
+
+
+@SETTINGS
+@given(st.sampled_from(sorted(BLOCKFMA_BAD)), st.data())
+def test_blockfma_fields(field, data):
+    v = data.draw(st.sampled_from(BLOCKFMA_BAD[field]))
+    _run(lambda: tcemu.BlockFMA(**{field: v}), [field])
+
+
+# ---------------------------------------------------------------------------------------------
+# quantize: ml_dtypes' RNE casts are the truth
+
+Q_DTYPES = {"f16": np.float16, "bf16": ml_dtypes.bfloat16, "e4m3": ml_dtypes.float8_e4m3fn,
+            "e5m2": ml_dtypes.float8_e5m2}
+
+
+@SETTINGS
+@given(st.sampled_from(sorted(Q_DTYPES)), st.lists(st.floats(width=32, allow_nan=True), min_size=1, max_size=30))
+def test_quantize_rne_equals_ml_dtypes(fmt, xs):
+    x = np.asarray(xs, np.float32)
+    got = np.asarray(tcemu.quantize(x, fmt))
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = x.astype(Q_DTYPES[fmt]).astype(np.float32)
+    np.testing.assert_array_equal(got.view(np.uint32)[~np.isnan(want)], want.view(np.uint32)[~np.isnan(want)])
+    assert np.all(np.isnan(got) == np.isnan(want))
+
+
+@pytest.mark.parametrize("fmt", ["fp16", "float16", "e4m3fn", "", None, 3])
+def test_quantize_bad_format(fmt):
+    _run(lambda: tcemu.quantize(np.ones(3, np.float32), fmt), ["etype", "format"])
+
+
+# ---------------------------------------------------------------------------------------------
+# memory and the register file
+
+MEM_BAD = {"p": [-2, 0.5, "0", 10 ** 6, None], "layout": ["rows", "C", 1], "stride": [3, 0, -16, 16.5],
+           "etype": ["f8", "float16", 16]}
+
+
+@SETTINGS
+@given(st.data())
+def test_put_get_matrix(data):
+    rows, cols = data.draw(st.sampled_from([(4, 4), (16, 16), (8, 2)]))
+    x = _ints(data.draw, (rows, cols), -100, 100).astype(np.float16)
+    args = {"p": 64, "layout": data.draw(st.sampled_from(["row", "col"])), "stride": None, "etype": "f16"}
+    bad = data.draw(st.sampled_from([None] + sorted(MEM_BAD)))
+    if bad is not None:
+        args[bad] = data.draw(st.sampled_from(MEM_BAD[bad]))
+    mem = tcemu.memory(4096)
+    out = _run(lambda: tcemu.put_matrix(mem, x, **args), [] if bad is None else [bad])
+    if out is not None:
+        back = tcemu.get_matrix(out, (rows, cols), "f16", p=args["p"], layout=args["layout"], stride=args["stride"])
+        np.testing.assert_array_equal(np.asarray(back), x)
+
+
+@pytest.mark.parametrize("n", [0, -5, 2.7, "8", None, True])
+def test_regfile_and_memory_sizes(n):
+    _run(lambda: tcemu.regfile(n), ["nregs"])
+    _run(lambda: tcemu.memory(n), ["nbytes"])
+
+
+LOAD = "wmma.load.a.sync.aligned.row.m16n16k16.f16"
+LOAD_BAD = {"dst": [range(0, 7), range(0, 9), [0.0, 1, 2, 3, 4, 5, 6, 7], range(-1, 7), [0, 0, 1, 2, 3, 4, 5, 6],
+                    range(20, 28)],
+            "p": [-32, 0.5, 8, 10 ** 6, "0"], "stride": [8, 0, 16.0, -16], "regs": ["float", "shape"],
+            "mem": ["dtype", "ndim"]}
+
+
+@SETTINGS
+@given(st.data())
+def test_wmma_load(data):
+    x = _ints(data.draw, (16, 16), -50, 50).astype(np.float16)
+    mem = tcemu.put_matrix(tcemu.memory(2048), x, p=512)
+    args = {"regs": tcemu.regfile(16), "mem": mem, "dst": range(0, 8), "p": 512, "stride": None}
+    bad = data.draw(st.sampled_from([None] + sorted(LOAD_BAD)))
+    if bad is not None:
+        v = data.draw(st.sampled_from(LOAD_BAD[bad]))
+        if bad == "regs":
+            v = jnp.zeros((32, 16), jnp.float32) if v == "float" else jnp.zeros((16, 16), jnp.uint32)
+        elif bad == "mem":
+            v = jnp.zeros(2048, jnp.int32) if v == "dtype" else jnp.zeros((2, 1024), jnp.uint8)
+        args[bad] = v
+    ld = tcemu.ptx(LOAD, arch="sm_90")
+    out = _run(lambda: ld(args["regs"], args["mem"], dst=args["dst"], p=args["p"], stride=args["stride"]),
+               [] if bad is None else [bad])
+    if out is not None:  # every register slot holds the element the measured fragment table names
+        coords = ld.fragment.coords
+        vals = np.asarray(out)[:, :8].view(np.float16).reshape(32, -1)
+        np.testing.assert_array_equal(vals, x[coords[..., 0], coords[..., 1]])
+
+
+@pytest.mark.parametrize("p", [-64, -1, 2048, 4000])
+def test_traced_out_of_range_store_drops_and_load_reads_zero(p):
+    st_d = tcemu.ptx("wmma.store.d.sync.aligned.row.m16n16k16.f32", arch="sm_90")
+    ld_c = tcemu.ptx("wmma.load.c.sync.aligned.row.m16n16k16.f32", arch="sm_90")
+    regs = jnp.full((32, 8), 0x3F800000, jnp.uint32)
+    mem = jnp.arange(2048, dtype=jnp.int32).astype(jnp.uint8)
+    out = jax.jit(lambda m, r, q: st_d(m, r, src=range(8), p=q))(mem, regs, p)
+    inside = max(0, min(2048, p + 1024) - max(p, 0))
+    changed = np.asarray(out) != np.asarray(mem)
+    assert changed.sum() <= inside and not changed[:max(p, 0)].any()
+    got = jax.jit(lambda m, q: ld_c(jnp.zeros((32, 8), jnp.uint32), m, dst=range(8), p=q))(out, p)
+    if p + 1024 <= 0 or p >= 2048:
+        assert not np.asarray(got).any()
