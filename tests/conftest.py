@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 X64_ENV = os.environ.get("TCEMU_X64")
 # Modules whose tests also run with x64 on when TCEMU_X64 is unset.
-X64_MODULES = ("test_wmma_mma_hw", "test_mma_sync_hw", "test_wgmma_hw", "test_peer_vectors", "test_engine_exact",
-               "test_signed_zeros_hw")
+# (test_engine_exact runs once: tests/test_x64.py covers every engine path with x64 on)
+X64_MODULES = ("test_wmma_mma_hw", "test_mma_sync_hw", "test_wgmma_hw", "test_peer_vectors", "test_signed_zeros_hw")
 
 
 def pytest_configure(config):

@@ -263,3 +263,15 @@ def test_traced_out_of_range_store_drops_and_load_reads_zero(p):
     got = jax.jit(lambda m, q: ld_c(jnp.zeros((32, 8), jnp.uint32), m, dst=range(8), p=q))(out, p)
     if p + 1024 <= 0 or p >= 2048:
         assert not np.asarray(got).any()
+
+
+@pytest.mark.parametrize("subscripts, shapes", [("ij,jk->ik", [(4, 5), (4, 3)]), ("ij,jk->iq", [(4, 5), (5, 3)]),
+                                                ("ij", [(4, 5), (5, 3)]), (3, [(4, 5), (5, 3)])])
+def test_einsum_bad_subscripts(subscripts, shapes):
+    _run(lambda: tcemu.einsum(subscripts, *(jnp.ones(s) for s in shapes)), ["subscripts"])
+
+
+@pytest.mark.parametrize("spelling", ["wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16",
+                                      "ldmatrix.sync.aligned.m16n16.x1.trans.shared.b8"])
+def test_instructions_without_register_level_raise_value_error(spelling):
+    _run(lambda: tcemu.ptx(spelling, arch="sm_100" if "m16n16" in spelling else "sm_90"), ["register"])

@@ -52,8 +52,8 @@ def ptx(spelling: str, arch="sm_90", *, model=None):
         return W.MmaRegs(ins, a, W.wmma_mma_fragments(a, ins), model)
     if ins.kind == "mma":
         return W.MmaRegs(ins, a, W.mma_sync_fragments(ins), model)
-    raise NotImplementedError(f"{spelling!r}: the register-level {ins.kind} instruction is not "
-                              "available yet; use tcemu.mma for its value-level numerics")
+    raise P.Unsupported(f"{spelling!r}: the register-level {ins.kind} instruction is not "
+                        "available yet; use tcemu.mma for its value-level numerics")
 
 
 def _check_model(ins, model):

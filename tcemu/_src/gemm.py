@@ -519,7 +519,16 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
 
 
 def einsum(subscripts, *operands, config: GemmConfig | None = None, key=None, **kwargs):
-    """:func:`jax.numpy.einsum` whose contractions run through :func:`dot_general`."""
+    """:func:`jax.numpy.einsum` whose contractions run through :func:`dot_general`. Subscripts
+    that do not fit the operands raise a ValueError naming ``subscripts``."""
     cfg = _config(config, {}, "einsum")
     dg = functools.partial(dot_general, config=cfg, key=check_key(key, "einsum"))
+    if not isinstance(subscripts, str):
+        raise TypeError(f"einsum: subscripts must be a string such as 'ij,jk->ik', got {type(subscripts).__name__}")
+    operands = [_real(x, "einsum", f"operand {i}") for i, x in enumerate(operands)]
+    try:  # jnp.einsum's own checks of the subscripts against the operands, before any contraction
+        jax.eval_shape(lambda *xs: jnp.einsum(subscripts, *xs, **kwargs), *operands)
+    except (ValueError, TypeError, IndexError) as e:
+        raise ValueError(f"einsum: subscripts {subscripts!r} do not fit operands of shapes "
+                         f"{[x.shape for x in operands]}: {e}") from None
     return jnp.einsum(subscripts, *operands, _dot_general=dg, **kwargs)

@@ -19,7 +19,7 @@ import numpy as np
 
 from tcemu._src import memory as memmod
 from tcemu._src.arch import Arch
-from tcemu._src.isa.parse import MatrixMove
+from tcemu._src.isa.parse import MatrixMove, Unsupported
 from tcemu._src.isa.wmma import Instruction, check_regs, pack_values, register_indices, unpack_values
 from tcemu._src.layouts.fragment import Fragment
 from tcemu._src.layouts.mma import MATRIX_MOVE
@@ -28,7 +28,7 @@ from tcemu._src.layouts.mma import MATRIX_MOVE
 def matrix_move_fragment(ins: MatrixMove) -> Fragment:
     key = (ins.shape, ins.trans)
     if key not in MATRIX_MOVE:
-        raise NotImplementedError(
+        raise Unsupported(
             f"{ins.spelling!r}: the register layout of ldmatrix .{ins.shape} .{ins.etype} (sm_100a) is given "
             "only by a figure of the PTX ISA that tcemu has not pinned down; m8n8 .b16 (ld/st) and "
             "stmatrix .m16n8 .trans .b8 are available")

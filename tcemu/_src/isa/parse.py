@@ -18,6 +18,11 @@ import re
 
 from tcemu._src.isa import wmma_spec as S
 
+
+class Unsupported(NotImplementedError, ValueError):
+    """An instruction tcemu parses but does not emulate at the level asked for; also a
+    ValueError, so code that catches bad input catches it."""
+
 LAYOUTS = ("row", "col")
 SPACES = ("global", "shared", "shared::cta")
 FLOAT_TYPES = ("f16", "bf16", "tf32", "f32", "f64", "e4m3", "e5m2")

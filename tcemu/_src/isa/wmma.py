@@ -25,7 +25,7 @@ from tcemu._src import memory as memmod
 from tcemu._src.arch import Arch
 from tcemu._src.gemm import check_key
 from tcemu._src.isa import wmma_spec as S
-from tcemu._src.isa.parse import ELEMENT_BITS, Mma, WmmaLoad, WmmaStore
+from tcemu._src.isa.parse import ELEMENT_BITS, Mma, Unsupported, WmmaLoad, WmmaStore
 from tcemu._src.layouts.fragment import Fragment
 from tcemu._src.layouts import wmma as wmma_layouts
 from tcemu._src.numerics import mma as mma_numerics
@@ -330,7 +330,7 @@ def mma_sync_fragments(ins: Mma):
                          ("c", ins.ctype, (cshape, "c", bits[ins.ctype])),
                          ("c", ins.dtype, (cshape, "c", bits[ins.dtype]))):
         if key not in MMA:
-            raise NotImplementedError(f"{ins.spelling!r}: no register-level layout for {key} yet "
+            raise Unsupported(f"{ins.spelling!r}: no register-level layout for {key} yet "
                                       "(mma.sync .m8n8k4 .f16 and f64 .m16n8kK are value level only)")
         lb, vb = MMA[key]
         rows, cols = {"a": (ins.m, ins.k), "b": (ins.k, ins.n), "c": (ins.m, ins.n)}[mat]
