@@ -275,3 +275,9 @@ def test_einsum_bad_subscripts(subscripts, shapes):
                                       "ldmatrix.sync.aligned.m16n16.x1.trans.shared.b8"])
 def test_instructions_without_register_level_raise_value_error(spelling):
     _run(lambda: tcemu.ptx(spelling, arch="sm_100" if "m16n16" in spelling else "sm_90"), ["register"])
+
+
+@pytest.mark.parametrize("dtype", ["float99", 3.5, object()])
+def test_dot_general_bad_preferred_element_type(dtype):
+    _run(lambda: tcemu.dot_general(jnp.ones((2, 3)), jnp.ones((3, 2)), (((1,), (0,)), ((), ())),
+                                   preferred_element_type=dtype), ["preferred_element_type"])

@@ -503,6 +503,11 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     lhs = _real(lhs, "dot_general", "lhs")
     rhs = _real(rhs, "dot_general", "rhs")
     lc, rc, lb, rb = _dimension_numbers(dimension_numbers, lhs, rhs)
+    try:
+        dtype = jnp.dtype(preferred_element_type or jnp.result_type(lhs.dtype, rhs.dtype))
+    except TypeError:
+        raise TypeError(f"dot_general: preferred_element_type must be a dtype such as jnp.float32, "
+                        f"got {preferred_element_type!r}") from None
     lf = [i for i in range(lhs.ndim) if i not in lc and i not in lb]
     rf = [i for i in range(rhs.ndim) if i not in rc and i not in rb]
     ls, rs = lhs.shape, rhs.shape
@@ -511,7 +516,6 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     R = jnp.transpose(rhs, rb + rc + tuple(rf)).reshape(size(rs, rb), size(rs, rc), size(rs, rf))
     out = matmul(L if lb else L[0], R if rb else R[0], config=cfg, key=key)
     out = out.reshape(tuple(ls[i] for i in lb) + tuple(ls[i] for i in lf) + tuple(rs[i] for i in rf))
-    dtype = preferred_element_type or jnp.result_type(lhs.dtype, rhs.dtype)
     out = out.astype(dtype)
     if out_sharding is not None:
         out = jax.lax.with_sharding_constraint(out, out_sharding)
