@@ -130,29 +130,6 @@ def _instruction(spelling: str) -> Mma:
 # quantisation
 
 
-def check_key(key, where: str):
-    """``key`` if it is one PRNG key (``jax.random.key(...)``, or a legacy uint32[2]
-    ``jax.random.PRNGKey(...)``) or None; a TypeError/ValueError naming ``key`` otherwise."""
-    if key is None:
-        return None
-    dtype = getattr(key, "dtype", None)
-    use = "use key=jax.random.key(seed)"
-    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
-        if jnp.shape(key) != ():
-            raise ValueError(f"{where}: key must be one PRNG key, got an array of keys of shape {jnp.shape(key)}; {use}")
-        return key
-    if dtype == np.uint32:
-        try:
-            shape = jax.random.wrap_key_data(key).shape
-        except (TypeError, ValueError):
-            shape = None
-        if shape != ():
-            raise ValueError(f"{where}: key of dtype uint32 and shape {jnp.shape(key)} is not one legacy PRNG key; {use}")
-        return key
-    got = f"{type(key).__name__}" + (f" of dtype {dtype}" if dtype is not None else "")
-    raise TypeError(f"{where}: key must be a PRNG key, got {got}; {use}")
-
-
 def quantize(x, etype: str, mode: str = "rne", key=None):
     """Round values to the element format ``etype`` ("f16", "bf16", "tf32", "e4m3", "e5m2");
     the result holds the quantised values in float32 (exact; NaN as 0x7FFFFFFF, or the canonical
@@ -177,7 +154,7 @@ def quantize(x, etype: str, mode: str = "rne", key=None):
             return jnp.where(jnp.isnan(x), _f32(fm.TF32.canonical_nan), q)
         # widened in integers: under jit, XLA on GPUs drops a float convert pair f32 -> bf16 -> f32
         return _widen(fm.to_bits(x.astype(fm.VALUE_DTYPES[etype]), etype), fmt)
-    if check_key(key, "quantize") is None:
+    if mma_numerics.check_key(key, "quantize") is None:
         raise ValueError("quantize: mode='stochastic' needs key=jax.random.key(...)")
     bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
     q = engine.convert(bits, fm.F32, fmt, "stochastic", overflow="inf", rand=jax.random.bits(key, x.shape, jnp.uint32))
@@ -430,7 +407,7 @@ def matmul(a, b, *, config: GemmConfig | None = None, key=None, **kwargs):
     accumulator's initial value), with M = 0 or N = 0 an empty array, as ``jnp.matmul`` gives.
     """
     cfg = _config(config, kwargs, "matmul")
-    key = check_key(key, "matmul")
+    key = mma_numerics.check_key(key, "matmul")
     a = _real(a, "matmul", "a")
     b = _real(b, "matmul", "b")
     if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
@@ -526,7 +503,7 @@ def einsum(subscripts, *operands, config: GemmConfig | None = None, key=None, **
     """:func:`jax.numpy.einsum` whose contractions run through :func:`dot_general`. Subscripts
     that do not fit the operands raise a ValueError naming ``subscripts``."""
     cfg = _config(config, {}, "einsum")
-    dg = functools.partial(dot_general, config=cfg, key=check_key(key, "einsum"))
+    dg = functools.partial(dot_general, config=cfg, key=mma_numerics.check_key(key, "einsum"))
     if not isinstance(subscripts, str):
         raise TypeError(f"einsum: subscripts must be a string such as 'ij,jk->ik', got {type(subscripts).__name__}")
     operands = [_real(x, "einsum", f"operand {i}") for i, x in enumerate(operands)]

@@ -23,7 +23,7 @@ import numpy as np
 
 from tcemu._src import memory as memmod
 from tcemu._src.arch import Arch
-from tcemu._src.gemm import check_key
+from tcemu._src.numerics.mma import check_key
 from tcemu._src.isa import wmma_spec as S
 from tcemu._src.isa.parse import ELEMENT_BITS, Mma, Unsupported, WmmaLoad, WmmaStore
 from tcemu._src.layouts.fragment import Fragment

@@ -420,7 +420,8 @@ def _add(x_bits, xfmt: fm.FloatFormat, y_bits, yfmt: fm.FloatFormat, model: Bloc
     two-term sum exactly rounded): a CUDA-core FADD, so IEEE signed zeros; ``model`` supplies the
     overflow and subnormal policies."""
     flush = not model.subnormal_inputs
-    model = model.replace(exact_zero="ieee")
+    if model.exact_zero != "ieee":
+        model = model.replace(exact_zero="ieee")
     xs, xe = _prepare(fm.decode(x_bits, xfmt), 26 - xfmt.fraction_bits)
 
     def xflags():
