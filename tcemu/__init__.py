@@ -9,15 +9,18 @@ of an MMA), ``tcemu.error_vs_k`` (accumulation error as dot products grow).
 """
 from tcemu._src.api import mma, ptx, regfile
 from tcemu._src.gemm import GemmConfig, dot_general, einsum, matmul, quantize
+from tcemu._src.identify import NoMatch, identify
+from tcemu._src.library import library_config, library_versions
 from tcemu._src.arch import Arch
 from tcemu._src.memory import get_matrix, memory, put_matrix
 from tcemu._src.numerics.model import BlockFMA
 from tcemu._src.numerics.presets import ArchNumerics, numerics
 from tcemu._src.probe import ProbeResult, probe
+from tcemu._src.schedule import KSchedule
 from tcemu._src.studies import ErrorCurve, error_vs_k
 
 __version__ = "0.1.0"
 
-__all__ = ["Arch", "ArchNumerics", "BlockFMA", "ErrorCurve", "GemmConfig", "ProbeResult", "dot_general", "einsum",
-           "error_vs_k", "get_matrix", "matmul", "memory", "mma", "numerics", "probe", "ptx", "put_matrix",
+__all__ = ["Arch", "ArchNumerics", "BlockFMA", "ErrorCurve", "GemmConfig", "KSchedule", "NoMatch", "ProbeResult", "dot_general", "einsum",
+           "error_vs_k", "get_matrix", "identify", "library_config", "library_versions", "matmul", "memory", "mma", "numerics", "probe", "ptx", "put_matrix",
            "quantize", "regfile"]

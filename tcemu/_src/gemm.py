@@ -40,6 +40,7 @@ from tcemu._src.numerics import engine
 from tcemu._src.numerics import mma as mma_numerics
 from tcemu._src.numerics.model import BlockFMA, choice_field, int_field, replace_fields
 from tcemu._src.numerics.presets import check_model
+from tcemu._src.schedule import KSchedule
 
 K_ORDERS = ("sequential", "split_k", "promotion", "pairwise")
 QUANTIZE_FORMATS = ("f16", "bf16", "tf32", "e4m3", "e5m2")
@@ -57,6 +58,9 @@ class GemmConfig:
       k_order: "sequential", "split_k", "promotion" or "pairwise" (see the module docstring).
       split_k: number of K slices for "split_k".
       promotion_interval: K elements accumulated in the tensor core between promotions.
+      schedule: a :class:`tcemu.KSchedule` describing the kernel's K schedule completely (k-tile,
+        residue, slices, promotion, reduction); when given it replaces ``k_order``,
+        ``split_k`` and ``promotion_interval``.
       model: a :class:`tcemu.BlockFMA` or :class:`tcemu.ArchNumerics` replacing the preset's numerics.
       quantize: how inputs are rounded to the instruction's format: "rne" or "stochastic"
         (needs ``key=``).
@@ -69,6 +73,7 @@ class GemmConfig:
     k_order: str = "sequential"
     split_k: int = 4
     promotion_interval: int = 128
+    schedule: KSchedule | None = None
     model: BlockFMA | None = None
     quantize: str = "rne"
     grad_lhs: "GemmConfig | None" = None
@@ -84,6 +89,8 @@ class GemmConfig:
         int_field(self, "split_k", 1, None)
         int_field(self, "promotion_interval", 1, None)
         check_model(self.model, "GemmConfig")
+        if self.schedule is not None and not isinstance(self.schedule, KSchedule):
+            raise TypeError(f"GemmConfig.schedule must be a tcemu.KSchedule or None, got {self.schedule!r}")
         for name in ("grad_lhs", "grad_rhs"):
             v = getattr(self, name)
             if v is not None and not isinstance(v, GemmConfig):
@@ -94,15 +101,26 @@ class GemmConfig:
                              "(f16, bf16, tf32, e4m3/e5m2)")
         if ins.ctype != ins.dtype:
             raise ValueError(f"{ins.spelling!r}: chaining needs C and D of the same type")
-        if self.promotion_interval % ins.k:
+        if self.schedule is None and self.promotion_interval % ins.k:
             raise ValueError(f"promotion_interval={self.promotion_interval} must be a multiple of the "
                              f"instruction's k={ins.k}")
+        if self.schedule is not None:
+            self.schedule.check(ins.k, f"GemmConfig.schedule with {ins.spelling!r}")
         mma_numerics.check_arch(ins, arch)
         mma_numerics.resolve_model(ins, self.model, arch)  # the preset or model= has numerics for it
 
     @property
     def ins(self) -> Mma:
         return _instruction(self.instruction)
+
+    @property
+    def k_schedule(self) -> KSchedule:
+        """The K schedule this config runs: ``schedule``, or the one ``k_order`` names."""
+        if self.schedule is not None:
+            return self.schedule
+        return {"sequential": KSchedule(), "split_k": KSchedule(slices=self.split_k),
+                "promotion": KSchedule(promotion=self.promotion_interval),
+                "pairwise": KSchedule(slices=0, reduction="pairwise")}[self.k_order]
 
     def replace(self, **changes) -> "GemmConfig":
         return replace_fields(self, changes)
@@ -210,25 +228,53 @@ def _tiles(x, r, c):
 _DEFER_MAX_BLOCKS = 4
 
 
-def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None):
-    """Emulated (M, K) @ (K, N) on bit patterns of the instruction's input types.
+def _lay_k(x, plan, axis):
+    """``x`` with its K axis laid out as the plan's instructions read it (zeros where they pad)."""
+    pieces = []
+    for a, b in plan.runs():
+        if a < 0:
+            shape = list(x.shape)
+            shape[axis] = b
+            pieces.append(jnp.zeros(shape, x.dtype))
+        else:
+            pieces.append(jax.lax.slice_in_dim(x, a, b, axis=axis))
+    return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=axis)
 
-    Returns (D bits (M, N), format of D): the accumulator format for "sequential", float32 for
-    the orders that finish with float32 additions.
+
+def _step_table(plan):
+    """(S, G, g) flat instruction indices per slice and promotion group (-1: padding) and whether
+    each runs; G = 1 without promotion."""
+    S, T, g = plan.slices, plan.steps, plan.group or plan.steps
+    G = -(-T // g)
+    flat = np.arange(S * T, dtype=np.int32).reshape(S, T)
+    tbl = np.full((S, G * g), -1, np.int32)
+    tbl[:, :T] = flat
+    ok = (tbl >= 0) & np.concatenate([plan.valid, np.zeros((S, G * g - T), bool)], axis=1)
+    return tbl.reshape(S, G, g), ok.reshape(S, G, g)
+
+
+def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None):
+    """Emulated (M, K) @ (K, N) on bit patterns of the instruction's input types, following
+    ``cfg.k_schedule``.
+
+    Returns (D bits (M, N), format of D): the accumulator format when one chain of instructions
+    makes D, float32 when partial results are added (slices, promotion).
     """
     ins = cfg.ins
     model = mma_numerics.resolve_model(ins, cfg.model, resolve(cfg.arch))
     m, n, k = ins.m, ins.n, ins.k
     (M, K), N = a_bits.shape, b_bits.shape[1]
-    Mp, Np, Kp = -(-M // m) * m, -(-N // n) * n, -(-K // k) * k
-    A = _tiles(jnp.pad(a_bits, ((0, Mp - M), (0, Kp - K))), m, k)  # (Mt, Kt, m, k)
-    B = _tiles(jnp.pad(b_bits, ((0, Kp - K), (0, Np - N))), k, n)  # (Kt, Nt, k, n)
-    Mt, Kt, Nt = Mp // m, Kp // k, Np // n
+    plan = cfg.k_schedule.plan(K, k)
+    sched = plan.schedule
+    Mp, Np = -(-M // m) * m, -(-N // n) * n
+    A = _tiles(_lay_k(jnp.pad(a_bits, ((0, Mp - M), (0, 0))), plan, 1), m, k)  # (Mt, S*T, m, k)
+    B = _tiles(_lay_k(jnp.pad(b_bits, ((0, 0), (0, Np - N))), plan, 0), k, n)  # (S*T, Nt, k, n)
+    Mt, Kt, Nt = Mp // m, A.shape[1], Np // n
+    tbl, ok = _step_table(plan)
+    masked = not ok.all()
     acc = fm.FORMATS[ins.dtype]
-    # rows of tiles per block: about chunk_terms() products per step (pairwise keeps Kt partials)
-    mc = max(1, mma_numerics.chunk_terms() // max(1, Nt * m * n * k))
-    if cfg.k_order == "pairwise":
-        mc = max(1, mc // Kt)
+    # rows of tiles per block: about chunk_terms() products per step, S partials alive at once
+    mc = max(1, mma_numerics.chunk_terms() // max(1, Nt * m * n * k) // plan.slices)
     mc = min(mc, Mt)
     nblocks = -(-Mt // mc)
     A = jnp.pad(A, ((0, nblocks * mc - Mt), (0, 0), (0, 0), (0, 0))).reshape(nblocks, mc, Kt, m, k)
@@ -243,37 +289,34 @@ def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None):
         return engine.add(x, y, fm.F32, "rne")
 
     def block(blk, Ar, unroll=1):
-        def step(d, kt, valid):
-            kt = jnp.minimum(kt, Kt - 1)
+        def step(d, x):
+            kt, run = x
+            kt = jnp.maximum(kt, 0)
             a = jax.lax.dynamic_index_in_dim(Ar, kt, axis=1, keepdims=False)[:, None]  # (mc, 1, m, k)
             b = jax.lax.dynamic_index_in_dim(B, kt, axis=0, keepdims=False)[None]  # (1, Nt, k, n)
             kk = None if key is None else jax.random.fold_in(jax.random.fold_in(key, blk), kt)
             out = mma_numerics.mma_bits(ins, a, b, d, model, arch=cfg.arch, key=kk)
-            return out if valid is None else jnp.where(valid, out, d)
+            return (jnp.where(run, out, d) if masked else out), None
 
-        def chain(kts, padded=True):  # instructions over the k-tiles kts (>= Kt: padding, skipped), from +0
-            return jax.lax.scan(lambda d, kt: (step(d, kt, kt < Kt if padded else None), None), zero, kts,
-                                unroll=unroll)[0]
+        def chain(kts, runs):  # instructions kts from +0
+            return jax.lax.scan(step, zero, (kts, runs), unroll=unroll)[0]
 
-        if cfg.k_order == "sequential":
-            return chain(jnp.arange(Kt), padded=False)
-        if cfg.k_order == "split_k":
-            S = min(cfg.split_k, Kt)
-            per = -(-Kt // S)
-            parts = jax.vmap(chain)(jnp.arange(S * per).reshape(S, per))
-            return _fold(to_f32(parts), f32_add)
-        if cfg.k_order == "promotion":
-            g = cfg.promotion_interval // k
-            G = -(-Kt // g)
+        def one_slice(kts, runs):  # (G, g): chains, promoted into float32 from +0 when G groups
+            if not plan.group:
+                return chain(kts[0], runs[0])
+            return jax.lax.scan(lambda t, x: (f32_add(t, to_f32(chain(*x))), None), zero, (kts, runs))[0]
 
-            def promote(total, kts):
-                return f32_add(total, to_f32(chain(kts))), None
+        tj, oj = jnp.asarray(tbl), jnp.asarray(ok)
+        if plan.slices == 1:
+            return one_slice(tj[0], oj[0])
+        parts = jax.vmap(one_slice)(tj, oj)
+        parts = parts if plan.group else to_f32(parts)
+        if sched.partials != "f32":
+            low = fm.FORMATS[sched.partials]
+            parts = engine.convert(engine.convert(parts, fm.F32, low, "rne"), low, fm.F32)
+        return _fold(parts, f32_add) if sched.reduction == "sequential" else _pairwise(parts, f32_add)
 
-            return jax.lax.scan(promote, zero, jnp.arange(G * g).reshape(G, g))[0]
-        parts = jax.vmap(lambda kt: step(zero, kt, True))(jnp.arange(Kt))  # pairwise
-        return _pairwise(to_f32(parts), f32_add)
-
-    out_fmt = acc if cfg.k_order == "sequential" else fm.F32
+    out_fmt = fm.F32 if plan.reduces else acc
 
     # Without the branches XLA fuses all blocks of an instruction into one loop; beyond a few
     # blocks per instruction (models with tiny blocks) that fusion takes minutes to compile.

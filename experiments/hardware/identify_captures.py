@@ -1,0 +1,224 @@
+"""Identify the K schedule of every captured library GEMM (``library_gemm.py``) with
+``tcemu.identify`` on the first 32 captured rows, check it on the other rows, and write the table
+that ``tcemu.library_config`` ships.
+
+    python experiments/hardware/identify_captures.py tests/data/library_gemm_*.npz \
+        --out tcemu/_src/data/library_gemm.json [--jobs 2]
+
+Each row: the case (library, GPU, shape, types, flags, kernels), the configuration found (or
+the closest candidates when none reproduces the 32 rows), and the fraction of held-out outputs
+it reproduces. Inputs are regenerated from the seeds (``gemm_inputs.py``).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import gemm_inputs as G  # noqa: E402
+
+sys.path.insert(0, str(HERE.parents[1]))
+from tcemu._src.schedule import KSchedule  # noqa: E402
+
+SEEN = 32
+
+
+def load(path):
+    z = np.load(path)
+    meta = json.loads(str(z["meta"]))
+    return z, meta
+
+
+def crop_operands(case, rows, cols):
+    """a rows (R, K) and, per batch index, b columns (K, C) in their numpy dtypes."""
+    a = G.a_rows(case, rows).view(G.NUMPY[case["a"]])
+    bt = np.asarray(rows) // case["M"]
+    bs = {int(x): G.b_cols(case, int(x), cols).view(G.NUMPY[case["b"]]) for x in np.unique(bt)}
+    return a, bt, bs
+
+
+def emulate(case, rows, cols, cfg):
+    import tcemu
+
+    a, bt, bs = crop_operands(case, rows, cols)
+    out = np.zeros((len(rows), len(cols)), G.NUMPY[case["out"]])
+    for x, b in bs.items():
+        sel = bt == x
+        out[sel] = np.asarray(tcemu.matmul(a[sel], b, config=cfg)).astype(out.dtype)
+    return out
+
+
+def config_dict(cfg):
+    return {"instruction": cfg.instruction, "schedule": dataclasses.asdict(cfg.schedule)}
+
+
+def one(job):
+    """Identify one case; with ``twin`` (the configuration found for a case of the same shape,
+    types and kernels), first check whether that one reproduces all captured rows."""
+    import tcemu
+
+    path, key, twin, seconds = job
+    z, meta = load(path)
+    case = next(c for c in meta["cases"] if c.get("key") == key)
+    gpu = meta["header"]["versions"]["gpu"]
+    arch = "H200" if "H200" in gpu else "H100"
+    rows, cols = z[f"{key}.rows"], z[f"{key}.cols"]
+    d = z[f"{key}.d"].view(G.NUMPY[case["out"]])
+    t = time.time()
+    row = {k: case[k] for k in ("lib", "batch", "M", "N", "K", "a", "b", "out", "flags", "seed")}
+    row.update(gpu=gpu, arch=arch, key=key, kernels=case.get("kernels") or _hlo_kernels(case.get("hlo", [])))
+    # the first SEEN rows of one batch index are what identify sees
+    bt = rows // case["M"]
+    seen = np.zeros(len(rows), bool)
+    seen[np.flatnonzero(bt == bt[0])[:SEEN]] = True
+    a, _, bs = crop_operands(case, rows[seen], cols)
+    if twin is not None:
+        cfg = tcemu.GemmConfig(arch=arch, instruction=twin["instruction"], schedule=tcemu.KSchedule(**twin["schedule"]))
+        if (emulate(case, rows, cols, cfg).view(G.OUT_STORAGE[case["out"]]) == d.view(G.OUT_STORAGE[case["out"]])).all():
+            row.update(config_dict(cfg), held_out=1.0, seconds=round(time.time() - t, 1), twin=twin["key"])
+            return row
+    if seconds <= 0:
+        row.update(closest=[], searched=False, seconds=round(time.time() - t, 1))
+        return row
+    try:
+        cfg = tcemu.identify(a, bs[int(bt[0])], d[seen], arch=arch, max_seconds=seconds)
+        row.update(config_dict(cfg))
+        held = emulate(case, rows[~seen], cols, cfg).view(G.OUT_STORAGE[case["out"]]) == \
+            d[~seen].view(G.OUT_STORAGE[case["out"]])
+        row["held_out"] = float(held.mean()) if held.size else None
+    except tcemu.NoMatch as e:
+        row["closest"] = [dict(match=f, **config_dict(c)) for f, c in e.closest]
+    row["seconds"] = round(time.time() - t, 1)
+    return row
+
+
+def _hlo_kernels(hlo):
+    """The GEMM-relevant facts of XLA's optimised HLO: Triton fusions (tiles, split-K), cuBLAS."""
+    out = []
+    for ln in hlo:
+        if "custom_call_target=" in ln:
+            out.append(ln.split('custom_call_target="')[1].split('"')[0])
+        elif "__triton_nested_gemm_fusion" in ln or "__triton_gemm" in ln:
+            out.append("triton_gemm " + ln.split("=")[1].split("fusion(")[0].strip()
+                       + " tiles " + ln.split('"output_tiles":')[1].split("]}]")[0] + "]")
+        elif ln.startswith(("ROOT %dot", "%dot")) and '"sizes"' in ln:
+            out.append("dot block_k " + ln.split('"sizes":')[1].split("}")[0])
+        elif "loop_reduce_fusion" in ln and "__triton" in ln:
+            out.append("split-K reduce (triton)")
+    return out
+
+
+def kernel_family(row):
+    """A short name of the kernel that ran (cuBLAS nvjet / CUTLASS 2, split-K; XLA Triton/cuBLAS)."""
+    ks = " ".join(row["kernels"])
+    if row["lib"] == "jnp.dot":
+        split = "reduce" in ks
+        return ("XLA cuBLAS" if "cublas" in ks else "XLA Triton") + (" + split-K" if split else "")
+    fam = "nvjet" if "nvjet" in ks else "CUTLASS 2 (sm75/sm80)" if "cutlass" in ks else "other"
+    return fam + (" + split-K" if "splitK" in ks else "")
+
+
+def summary(table) -> str:
+    """Markdown: per GPU, library and kernel family, cases whose configuration reproduces every
+    captured output, and the schedules found."""
+    groups = {}
+    for r in table["cases"]:
+        groups.setdefault((r["arch"], r["lib"], kernel_family(r)), []).append(r)
+    lines = ["| GPU | library | kernels | cases | reproduced | schedules found |", "|---|---|---|---|---|---|"]
+    for (arch, lib, fam), rs in sorted(groups.items()):
+        ok = [r for r in rs if "schedule" in r and r.get("held_out") in (1.0, None)]
+        scheds = sorted({(r["instruction"].split(".")[0] if not r["instruction"].startswith("wgmma") else "wgmma k32")
+                         + ": " + KSchedule(**r["schedule"]).describe() for r in ok})
+        lines.append(f"| {arch} | {lib} | {fam} | {len(rs)} | {len(ok)} | {'; '.join(scheds[:4])}"
+                     + (f" (+{len(scheds) - 4} more)" if len(scheds) > 4 else "") + " |")
+    allok = sum("schedule" in r and r.get("held_out") in (1.0, None) for r in table["cases"])
+    lines.append(f"\n{allok} of {len(table['cases'])} cases reproduced bit for bit on every captured output.")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("captures", nargs="*")
+    p.add_argument("--out", help="the table to write (or, with --summary, to read)")
+    p.add_argument("--summary", action="store_true", help="print the markdown summary of the table --out")
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--only", default="", help="comma-separated case keys (debugging)")
+    p.add_argument("--seconds", type=float, default=30.0, help="search time per case before giving up")
+    p.add_argument("--resume", help="a partial table (a run cut off by a time limit): keep its rows, do the rest")
+    p.add_argument("--no-search", action="store_true",
+                   help="only check the configuration of a case with the same shape, types and kernels (cheap)")
+    args = p.parse_args(argv)
+    if args.summary:
+        print(summary(json.loads(Path(args.out).read_text())))
+        return
+    jobs, headers = [], {}
+    done = json.loads(Path(args.resume).read_text())["cases"] if args.resume else []
+    have = {(r["arch"], r["lib"].startswith("torch"), r["key"]) for r in done}
+    for path in args.captures:
+        z, meta = load(path)
+        headers[Path(path).name] = meta["header"]
+        arch = "H200" if "H200" in meta["header"]["versions"]["gpu"] else "H100"
+        jobs += [(path, c["key"]) for c in meta["cases"] if "key" in c
+                 and (not args.only or c["key"] in args.only.split(","))
+                 and (arch, c["lib"].startswith("torch"), c["key"]) not in have]
+    # cases of the same shape, types and kernels (torch's reduction flag often changes nothing;
+    # the H100 and H200 often run the same kernel) are checked against the first one's answer
+    groups = {}
+    for path, key in jobs:
+        z, meta = load(path)
+        c = next(c for c in meta["cases"] if c.get("key") == key)
+        sig = json.dumps([c["lib"], c["batch"], c["M"], c["N"], c["K"], c["a"], c["b"], c["out"],
+                          c.get("kernels") or _hlo_kernels(c.get("hlo", []))])
+        groups.setdefault(sig, []).append((path, key))
+    rows = list(done)
+    if args.no_search:  # answers of done cases with the same signature (other GPU, other flag)
+        by_sig = {}
+        for r in done:
+            if "schedule" in r and r.get("held_out") in (1.0, None):
+                by_sig.setdefault(json.dumps([r["lib"], r["batch"], r["M"], r["N"], r["K"], r["a"], r["b"], r["out"],
+                                              r["kernels"]]), r)
+        todo = []
+        for path, key in jobs:
+            z, meta = load(path)
+            c = next(c for c in meta["cases"] if c.get("key") == key)
+            sig = json.dumps([c["lib"], c["batch"], c["M"], c["N"], c["K"], c["a"], c["b"], c["out"],
+                              c.get("kernels") or _hlo_kernels(c.get("hlo", []))])
+            todo.append((path, key, by_sig.get(sig), 0.0))
+        groups = {}
+
+    def show(row):
+        rows.append(row)
+        found = row.get("schedule")
+        print(f"{row['gpu'][-4:]} {row['key']} {row['lib']} {row['M']}x{row['N']}x{row['K']} b{row['batch']} "
+              f"{row['a']}x{row['b']}->{row['out']} {row['flags']}: "
+              + (f"{row['instruction']} {found} held {row['held_out']}" if found
+                 else f"NO MATCH {row['closest'][0]['match']:.3f}" if row["closest"] else "not searched")
+              + f" ({row['seconds']} s)", flush=True)
+        if len(rows) % 20 == 0:  # partial tables survive a time limit
+            write()
+        return row
+
+    def write():
+        Path(args.out).write_text(json.dumps({"captures": headers, "cases": rows}, indent=0))
+
+    with ProcessPoolExecutor(args.jobs) as ex:
+        if args.no_search:
+            for row in ex.map(one, todo):
+                show(row)
+        firsts = [show(r) for r in ex.map(one, [(p, k, None, args.seconds) for p, k in (g[0] for g in groups.values())])]
+        rest = [(p, k, f if "schedule" in f else None, args.seconds) for f, g in zip(firsts, groups.values()) for p, k in g[1:]]
+        for row in ex.map(one, rest):
+            show(row)
+    write()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""The GEMM configurations real libraries run on the H100 and H200, without a GPU.
+
+``library_config`` answers from a table measured on the GPUs (``data/library_gemm.json``: real
+``torch.mm`` / ``torch.bmm`` / ``torch._scaled_mm`` (cuBLAS) and ``jnp.dot`` (XLA) outputs, the
+kernels that ran, and the configuration ``tcemu.identify`` found for each; library versions in
+``library_versions()``). A shape outside the table takes the configuration of the nearest
+measured shape of the same library, GPU, types and flags (distance: the sum of
+``|log2(x / x')|`` over M, N, K, plus 4 for each of M, N, K whose divisibility by 8 differs,
+since cuBLAS picks other kernels for unaligned operands, plus 4 when one is batched and the other
+not).
+
+    >>> import tcemu
+    >>> cfg = tcemu.library_config("torch._scaled_mm", arch="H100", M=4096, N=4096, K=4096,
+    ...                            a="e4m3", b="e4m3", out="bf16", use_fast_accum=False)
+    >>> cfg.schedule.promotion                     # cuBLAS fp8: promoted every 128 elements of K
+    128
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from tcemu._src.gemm import GemmConfig
+from tcemu._src.schedule import KSchedule
+
+LIBRARIES = {"torch.mm": ("reduced_precision_reduction",), "torch.bmm": ("reduced_precision_reduction",),
+             "torch._scaled_mm": ("use_fast_accum",), "jnp.dot": ()}
+FLAG_DEFAULTS = {"reduced_precision_reduction": True, "use_fast_accum": False}  # torch's defaults
+GPUS = ("H100", "H200")
+TYPES = ("f16", "bf16", "e4m3", "e5m2")
+OUTS = ("f32", "f16", "bf16")
+_DTYPE_NAMES = {"float16": "f16", "bfloat16": "bf16", "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2",
+                "float32": "f32"}
+DATA = Path(__file__).parent / "data" / "library_gemm.json"
+
+
+@functools.lru_cache(maxsize=1)
+def _table():
+    data = json.loads(DATA.read_text())
+    # rows whose configuration reproduces every captured output (held-out rows included)
+    return data["captures"], [r for r in data["cases"] if "schedule" in r and r.get("held_out") in (1.0, None)]
+
+
+def library_versions() -> dict:
+    """Per capture file: the GPU, library versions and date the table was measured with."""
+    return {name: h["versions"] | {"date": h["date"]} for name, h in _table()[0].items()}
+
+
+def _type(v, name, choices):
+    if isinstance(v, str) and v in choices:
+        return v
+    try:
+        s = _DTYPE_NAMES.get(np.dtype(v).name)
+    except TypeError:
+        s = None
+    if s not in choices:
+        raise ValueError(f"library_config: {name} must be one of {', '.join(choices)} (or the numpy/JAX dtype), "
+                         f"got {v!r}")
+    return s
+
+
+def _dim(v, name, lo=1):
+    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+        raise ValueError(f"library_config: {name} must be an integer >= {lo}, got {v!r}")
+    return v
+
+
+def _gpu(arch):
+    s = str(arch).upper().replace("NVIDIA ", "")
+    for g in GPUS:
+        if s.startswith(g):
+            return g
+    raise ValueError(f"library_config: arch must be one of {', '.join(GPUS)} (the GPUs the table was measured on), "
+                     f"got {arch!r}")
+
+
+def config_of(row: dict, gpu: str) -> GemmConfig:
+    """The GemmConfig of a table row."""
+    return GemmConfig(arch=gpu, instruction=row["instruction"], schedule=KSchedule(**row["schedule"]))
+
+
+def _distance(row, M, N, K, batch):
+    d = sum(abs(math.log2(x / row[n])) + 4 * ((x % 8 == 0) != (row[n] % 8 == 0))
+            for n, x in (("M", M), ("N", N), ("K", K)))
+    return d + 4 * (bool(batch) != bool(row["batch"]))
+
+
+def library_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, batch: int | None = None,
+                   **flags) -> GemmConfig:
+    """The :class:`GemmConfig` with which ``tcemu.matmul`` gives what ``lib`` returns on ``arch``.
+
+    ``lib``: "torch.mm", "torch.bmm", "torch._scaled_mm" or "jnp.dot"; ``arch``: "H100" or "H200";
+    ``a``, ``b``: input types ("f16", "bf16", "e4m3", "e5m2" or dtypes); ``out``: "f32", "f16" or
+    "bf16"; ``batch``: the batch size of a batched product (torch.bmm, batched jnp.dot). Flags:
+    ``reduced_precision_reduction`` (torch.mm/bmm: torch's
+    ``allow_{fp16,bf16}_reduced_precision_reduction``, default True) and ``use_fast_accum``
+    (torch._scaled_mm, default False).
+    """
+    if lib not in LIBRARIES:
+        raise ValueError(f"library_config: lib must be one of {', '.join(LIBRARIES)}, got {lib!r}")
+    gpu = _gpu(arch)
+    M, N, K = _dim(M, "M"), _dim(N, "N"), _dim(K, "K")
+    if batch is not None:
+        _dim(batch, "batch")
+    a, b, out = _type(a, "a", TYPES), _type(b, "b", TYPES), _type(out, "out", OUTS)
+    unknown = sorted(set(flags) - set(LIBRARIES[lib]))
+    if unknown:
+        raise TypeError(f"library_config: {lib} takes no flag {', '.join(unknown)}; its flags: "
+                        f"{', '.join(LIBRARIES[lib]) or 'none'}")
+    flags = {f: flags.get(f, FLAG_DEFAULTS[f]) for f in LIBRARIES[lib]}
+    for f, v in flags.items():
+        if not isinstance(v, bool):
+            raise TypeError(f"library_config: {f} must be True or False, got {v!r}")
+    rows = [r for r in _table()[1] if r["lib"] == lib and r["arch"] == gpu and (r["a"], r["b"], r["out"]) == (a, b, out)
+            and r["flags"] == flags]
+    if not rows:
+        have = sorted({(r["a"], r["b"], r["out"]) for r in _table()[1] if r["lib"] == lib})
+        raise ValueError(f"library_config: no measurements of {lib} with {a} x {b} -> {out}; measured: "
+                         + ", ".join(f"{x} x {y} -> {z}" for x, y, z in have))
+    best = min(rows, key=lambda r: (_distance(r, M, N, K, batch), r["M"] * r["N"] * r["K"]))
+    return config_of(best, gpu)

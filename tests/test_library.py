@@ -1,0 +1,156 @@
+"""tcemu.identify and tcemu.library_config against real library GEMMs captured on an H100 and an
+H200 (torch.mm / torch.bmm / torch._scaled_mm through cuBLAS, jnp.dot through XLA;
+``experiments/hardware/library_gemm.py``). Inputs are regenerated from the captured seeds."""
+from __future__ import annotations
+
+import json
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import tcemu
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "experiments" / "hardware"))
+import gemm_inputs as G  # noqa: E402
+import identify_captures as IC  # noqa: E402
+
+DATA = ROOT / "tests" / "data"
+CAPTURES = sorted(DATA.glob("library_gemm_h*_*.npz"))
+
+
+def _cases():
+    out = {}
+    for path in CAPTURES:
+        z, meta = IC.load(path)
+        gpu = "H200" if "H200" in meta["header"]["versions"]["gpu"] else "H100"
+        for c in meta["cases"]:
+            if "key" in c:
+                out[(gpu, c["lib"], c["key"])] = (path, c)
+    return out
+
+
+CASES = _cases()
+
+
+def _find(gpu, lib, M, N, K, a, out, **flags):
+    for (g, _, key), (path, c) in CASES.items():
+        if (g, c["lib"], c["M"], c["N"], c["K"], c["a"], c["out"]) == (gpu, lib, M, N, K, a, out) and \
+                all(c["flags"].get(f) == v for f, v in flags.items()):
+            return path, c
+    raise KeyError((gpu, lib, M, N, K, a, out, flags))
+
+
+def _captured(path, case):
+    z = np.load(path)
+    key = case["key"]
+    return z[f"{key}.rows"], z[f"{key}.cols"], z[f"{key}.d"].view(G.NUMPY[case["out"]])
+
+
+def _bits(x):
+    return np.ascontiguousarray(x).view(G.OUT_STORAGE[{2: "f16", 4: "f32"}[x.dtype.itemsize]])
+
+
+IDENTIFY = [  # one of each kind of schedule identify finds in the captures
+    ("H100", "torch.mm", 512, 512, 500, "f16", "f16", {"reduced_precision_reduction": False}),  # CUTLASS 2: residue first
+    ("H100", "torch.mm", 1000, 3000, 777, "f16", "f16", {"reduced_precision_reduction": False}),  # HMMA k8
+    ("H100", "torch._scaled_mm", 1024, 1024, 1024, "e4m3", "f32", {"use_fast_accum": False}),  # promotion
+    ("H200", "torch._scaled_mm", 1024, 1024, 1024, "e4m3", "bf16", {"use_fast_accum": True}),
+    ("H100", "jnp.dot", 1000, 3000, 777, "bf16", "f32", {}),  # XLA Triton GEMM, no split
+]
+
+
+@pytest.mark.parametrize("gpu,lib,M,N,K,a,out,flags", IDENTIFY,
+                         ids=[f"{g}-{lib}-{M}x{N}x{K}-{a}-{o}" for g, lib, M, N, K, a, o, _ in IDENTIFY])
+def test_identify_reproduces_held_out_rows(gpu, lib, M, N, K, a, out, flags):
+    path, case = _find(gpu, lib, M, N, K, a, out, **flags)
+    rows, cols, d = _captured(path, case)
+    A, _, bs = IC.crop_operands(case, rows, cols)
+    cfg = tcemu.identify(A[:32], bs[0], d[:32], arch=gpu)
+    got = np.asarray(tcemu.matmul(A[32:], bs[0], config=cfg)).astype(d.dtype)
+    assert np.array_equal(_bits(got), _bits(d[32:])), cfg
+
+
+def _table():
+    return json.loads((ROOT / "tcemu" / "_src" / "data" / "library_gemm.json").read_text())
+
+
+def test_table_is_built_from_the_committed_captures():
+    table = _table()
+    keys = {(r["arch"], r["lib"], r["key"]) for r in table["cases"]}
+    assert keys == set(CASES)
+    for r in table["cases"]:  # each row: a configuration found, or the closest candidates
+        assert ("schedule" in r) != ("closest" in r)
+    assert set(table["captures"]) == {p.name for p in CAPTURES}
+
+
+def _sample():
+    """Table rows, one per (GPU, library, types, schedule), K up to 4100 (CI time)."""
+    seen, out = set(), []
+    for r in _table()["cases"]:
+        if "schedule" not in r or r["held_out"] not in (1.0, None) or r["K"] > 4100:
+            continue
+        sig = (r["arch"], r["lib"], r["a"], r["b"], r["out"], r["instruction"], json.dumps(r["schedule"], sort_keys=True))
+        if sig not in seen:
+            seen.add(sig)
+            out.append(r)
+    return out
+
+
+SAMPLE = _sample()
+
+
+@pytest.mark.parametrize("row", SAMPLE, ids=[f"{r['arch']}-{r['lib']}-{r['key']}" for r in SAMPLE])
+def test_library_config_reproduces_captures(row):
+    path, case = CASES[(row["arch"], row["lib"], row["key"])]
+    cfg = tcemu.library_config(row["lib"], arch=row["arch"], M=row["M"], N=row["N"], K=row["K"], a=row["a"], b=row["b"],
+                               out=row["out"], batch=row["batch"], **row["flags"])
+    rows, cols, d = _captured(path, case)
+    got = IC.emulate(case, rows, cols, cfg)
+    assert np.array_equal(_bits(got), _bits(d)), (cfg, row["kernels"])
+
+
+def test_library_config_nearest_shape_rule():
+    # a shape that was not measured takes the nearest measured one's configuration
+    cfg = tcemu.library_config("torch._scaled_mm", arch="H200", M=3000, N=3000, K=3000, a="e4m3", b="e4m3", out="f32",
+                               use_fast_accum=False)
+    assert cfg.schedule.promotion == 128 and cfg.instruction.startswith("wgmma")
+    near = tcemu.library_config("torch.mm", arch="H100", M=4000, N=4000, K=4000, a=np.float16, b="f16", out="f16",
+                                reduced_precision_reduction=True)
+    assert near == tcemu.library_config("torch.mm", arch="H100", M=4096, N=4096, K=4096, a="f16", b="f16", out="f16")
+    assert set(tcemu.library_versions()) == {p.name for p in CAPTURES}
+
+
+@pytest.mark.parametrize("kwargs,err,msg", [
+    (dict(lib="torch.matmul"), ValueError, "lib must be one of torch.mm, torch.bmm, torch._scaled_mm, jnp.dot"),
+    (dict(arch="A100"), ValueError, "arch must be one of H100, H200"),
+    (dict(a="f64"), ValueError, "a must be one of f16, bf16, e4m3, e5m2"),
+    (dict(out="e4m3"), ValueError, "out must be one of f32, f16, bf16"),
+    (dict(M=0), ValueError, "M must be an integer >= 1"), (dict(K=2.5), ValueError, "K must be an integer"),
+    (dict(use_fast_accum=True), TypeError, "torch.mm takes no flag use_fast_accum; its flags: reduced_precision"),
+    (dict(reduced_precision_reduction="yes"), TypeError, "reduced_precision_reduction must be True or False"),
+    (dict(a="e5m2", b="e5m2"), ValueError, "no measurements of torch.mm with e5m2 x e5m2 -> f16"),
+])
+def test_library_config_errors(kwargs, err, msg):
+    args = dict(lib="torch.mm", arch="H100", M=64, N=64, K=64, a="f16", b="f16", out="f16") | kwargs
+    lib = args.pop("lib")
+    with pytest.raises(err, match=msg):
+        tcemu.library_config(lib, **args)
+
+
+def test_identify_errors_and_no_match():
+    a = np.ones((4, 32), np.float16)
+    b = np.ones((32, 8), np.float16)
+    with pytest.raises(TypeError, match="a must have dtype float16, bfloat16, float8_e4m3fn, float8_e5m2"):
+        tcemu.identify(a.astype(np.float32), b, np.zeros((4, 8), np.float32), arch="H100")
+    with pytest.raises(ValueError, match=r"d must have shape \(4, 8\)"):
+        tcemu.identify(a, b, np.zeros((4, 9), np.float32), arch="H100")
+    d = np.full((4, 8), 31.0, np.float32)  # no schedule makes 32 ones sum to 31
+    with pytest.raises(tcemu.NoMatch, match="closest") as e:
+        tcemu.identify(a, b, d, arch="H100", candidates=[tcemu.KSchedule(), tcemu.KSchedule(slices=2)])
+    assert e.value.closest[0][0] == 0.0
+    bf = np.ones((32, 8), ml_dtypes.bfloat16)
+    with pytest.raises(TypeError, match="d must have dtype"):
+        tcemu.identify(a, bf, np.zeros((4, 8), np.int32), arch="H100")
