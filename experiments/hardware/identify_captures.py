@@ -85,6 +85,13 @@ def one(job):
         if (emulate(case, rows, cols, cfg).view(G.OUT_STORAGE[case["out"]]) == d.view(G.OUT_STORAGE[case["out"]])).all():
             row.update(config_dict(cfg), held_out=1.0, seconds=round(time.time() - t, 1), twin=twin["key"])
             return row
+    for fields in hinted(case):
+        ins = (f"m16n8k16.f32.{case['a']}.{case['b']}.f32" if case["a"] in ("f16", "bf16")
+               else f"wgmma.mma_async.sync.aligned.m64n8k32.f32.{case['a']}.{case['b']}")
+        cfg = tcemu.GemmConfig(arch=arch, instruction=ins, schedule=tcemu.KSchedule(**fields))
+        if (emulate(case, rows, cols, cfg).view(G.OUT_STORAGE[case["out"]]) == d.view(G.OUT_STORAGE[case["out"]])).all():
+            row.update(config_dict(cfg), held_out=1.0, seconds=round(time.time() - t, 1), hinted=True)
+            return row
     if seconds <= 0:
         row.update(closest=[], searched=False, seconds=round(time.time() - t, 1))
         return row
@@ -98,6 +105,20 @@ def one(job):
         row["closest"] = [dict(match=f, **config_dict(c)) for f, c in e.closest]
     row["seconds"] = round(time.time() - t, 1)
     return row
+
+
+def hinted(case):
+    """Schedules the kernel information points to: XLA's Triton split-K (S from the split dot's
+    shape, slices aligned to its block_k, residue last, pairwise reduction of float32 partials)."""
+    import re
+
+    hlo = " ".join(case.get("hlo", []))
+    m = re.search(r"f32\[(\d+),\d+,\d+(?:,\d+)?\]\{[\d,]+\} dot\(", hlo)
+    bk = re.search(r'dot\(.*?"sizes":\["(\d+)"\]', hlo)
+    if not (m and bk) or case["batch"]:
+        return []
+    return [{"slices": int(m.group(1)), "slice_align": int(bk.group(1)), "reduction": red}
+            for red in ("pairwise", "sequential")]
 
 
 def _hlo_kernels(hlo):
@@ -119,8 +140,10 @@ def _hlo_kernels(hlo):
 def kernel_family(row):
     """A short name of the kernel that ran (cuBLAS nvjet / CUTLASS 2, split-K; XLA Triton/cuBLAS)."""
     ks = " ".join(row["kernels"])
-    if row["lib"] == "jnp.dot":
-        split = "reduce" in ks
+    if row["lib"] == "jnp.dot":  # split-K: the dot gains a leading slice axis
+        import re
+
+        split = bool(re.search(r"\[\d+,\d+,\d+\]" if not row["batch"] else r"\[\d+,\d+,\d+,\d+\]", ks))
         return ("XLA cuBLAS" if "cublas" in ks else "XLA Triton") + (" + split-K" if split else "")
     fam = "nvjet" if "nvjet" in ks else "CUTLASS 2 (sm75/sm80)" if "cutlass" in ks else "other"
     return fam + (" + split-K" if "splitK" in ks else "")
@@ -153,6 +176,8 @@ def main(argv=None):
     p.add_argument("--only", default="", help="comma-separated case keys (debugging)")
     p.add_argument("--seconds", type=float, default=30.0, help="search time per case before giving up")
     p.add_argument("--resume", help="a partial table (a run cut off by a time limit): keep its rows, do the rest")
+    p.add_argument("--retry-failed", action="store_true", help="with --resume: run the unreproduced cases again")
+    p.add_argument("--lib", default="", help="only cases of libraries starting with this (torch, jnp.dot, ...)")
     p.add_argument("--no-search", action="store_true",
                    help="only check the configuration of a case with the same shape, types and kernels (cheap)")
     args = p.parse_args(argv)
@@ -161,6 +186,9 @@ def main(argv=None):
         return
     jobs, headers = [], {}
     done = json.loads(Path(args.resume).read_text())["cases"] if args.resume else []
+    if args.retry_failed:  # run again the cases whose configuration was not found
+        done = [r for r in done if ("schedule" in r and r.get("held_out") in (1.0, None))
+                or not r["lib"].startswith(args.lib)]
     have = {(r["arch"], r["lib"].startswith("torch"), r["key"]) for r in done}
     for path in args.captures:
         z, meta = load(path)
@@ -168,7 +196,7 @@ def main(argv=None):
         arch = "H200" if "H200" in meta["header"]["versions"]["gpu"] else "H100"
         jobs += [(path, c["key"]) for c in meta["cases"] if "key" in c
                  and (not args.only or c["key"] in args.only.split(","))
-                 and (arch, c["lib"].startswith("torch"), c["key"]) not in have]
+                 and (arch, c["lib"].startswith("torch"), c["key"]) not in have and c["lib"].startswith(args.lib)]
     # cases of the same shape, types and kernels (torch's reduction flag often changes nothing;
     # the H100 and H200 often run the same kernel) are checked against the first one's answer
     groups = {}
@@ -179,7 +207,7 @@ def main(argv=None):
                           c.get("kernels") or _hlo_kernels(c.get("hlo", []))])
         groups.setdefault(sig, []).append((path, key))
     rows = list(done)
-    if args.no_search:  # answers of done cases with the same signature (other GPU, other flag)
+    if args.no_search:  # answers of done cases with the same signature (other GPU, other flag), hints
         by_sig = {}
         for r in done:
             if "schedule" in r and r.get("held_out") in (1.0, None):

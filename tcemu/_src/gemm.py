@@ -273,8 +273,11 @@ def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None):
     tbl, ok = _step_table(plan)
     masked = not ok.all()
     acc = fm.FORMATS[ins.dtype]
-    # rows of tiles per block: about chunk_terms() products per step, S partials alive at once
-    mc = max(1, mma_numerics.chunk_terms() // max(1, Nt * m * n * k) // plan.slices)
+    # rows of tiles per block: about chunk_terms() products per step; with many slices, their
+    # partials are alive at once
+    mc = max(1, mma_numerics.chunk_terms() // max(1, Nt * m * n * k))
+    if plan.slices > 4:
+        mc = max(1, mc // plan.slices)
     mc = min(mc, Mt)
     nblocks = -(-Mt // mc)
     A = jnp.pad(A, ((0, nblocks * mc - Mt), (0, 0), (0, 0), (0, 0))).reshape(nblocks, mc, Kt, m, k)

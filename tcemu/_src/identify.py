@@ -57,9 +57,11 @@ def instructions(arch: str, a: str, b: str) -> list[str]:
 def schedules(K: int, k: int, a: str, out: str):
     """Candidate K schedules for instructions of depth ``k``, in stages, most common first:
     stage 0 one chain (residue last, or first with k-tiles of 64, 128, 32, 256 or k), with fp8
-    promotion every 128 as well; then per slice count S (2, 3, ..., 64) split-K with slices
-    aligned to k-tiles (cuBLAS, CUTLASS) or equal (XLA), partials in float32 or in the output
-    type. Yields (stage, KSchedule)."""
+    promotion every 128 as well; stage 1, for every slice count S (2, 4, 3, 8, ...), the common
+    split-K forms (slices aligned to 64-element k-tiles added in order, as cuBLAS does; aligned
+    to 128 and added pairwise, as XLA's Triton split-K does); stage 2, per S, the rest: other
+    alignments, residue first, equal slices, partials in the output type. Yields (stage,
+    KSchedule); the search tries stage by stage, every instruction within a stage."""
     tiles = [t for t in (64, 128, 32, 256) if t % k == 0]
     chains = [KSchedule()] + [KSchedule(k_tile=t, residue="first") for t in tiles + [k]]
     promo = [0, 128] if a in ("e4m3", "e5m2") else [0]
@@ -68,18 +70,26 @@ def schedules(K: int, k: int, a: str, out: str):
             if p % (s.k_tile or k) == 0:
                 yield 0, s.replace(promotion=p)
     partials = ["f32"] + ([out] if out in ("f16", "bf16") else [])
-    for S in SLICE_COUNTS:
+    common = tiles[0] if tiles else k
+    for i, S in enumerate(SLICE_COUNTS):
         if S * k > K + k * S // 2 and S > 2:
             break
+        for p in promo:  # first pass: the common forms for every S (cuBLAS/CUTLASS, XLA Triton)
+            yield 1 + i / 1000, KSchedule(k_tile=common, slices=S, promotion=p)
+            if not p:
+                yield 1 + i / 1000, KSchedule(k_tile=tiles[1] if len(tiles) > 1 else common, slices=S,
+                                              reduction="pairwise")
         for p in promo:
             for part in partials:
-                for t in ([k] if k < 32 else []) + tiles[:2]:
-                    for res in ("first", "last"):
-                        yield S, KSchedule(k_tile=t, residue=res, slices=S, promotion=p, partials=part)
+                for red in ("sequential", "pairwise"):
+                    for t in ([k] if k < 32 else []) + tiles[:2]:
+                        for res in ("first", "last"):
+                            yield 2 + i / 1000, KSchedule(k_tile=t, residue=res, slices=S, promotion=p,
+                                                          partials=part, reduction=red)
                 for pad in ("start", "end"):
                     for red in ("sequential", "pairwise"):
-                        yield S, KSchedule(slices=S, slice_align=1, slice_pad=pad, reduction=red, promotion=p,
-                                           partials=part)
+                        yield 2 + i / 1000, KSchedule(slices=S, slice_align=1, slice_pad=pad, reduction=red,
+                                                      promotion=p, partials=part)
 
 
 def _signature(s: KSchedule, K: int, k: int):
