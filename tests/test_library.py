@@ -25,6 +25,7 @@ def _cases():
     out = {}
     for path in CAPTURES:
         z, meta = IC.load(path)
+        z.close()
         gpu = "H200" if "H200" in meta["header"]["versions"]["gpu"] else "H100"
         for c in meta["cases"]:
             if "key" in c:
@@ -44,9 +45,9 @@ def _find(gpu, lib, M, N, K, a, out, **flags):
 
 
 def _captured(path, case):
-    z = np.load(path)
     key = case["key"]
-    return z[f"{key}.rows"], z[f"{key}.cols"], z[f"{key}.d"].view(G.NUMPY[case["out"]])
+    with np.load(path) as z:
+        return z[f"{key}.rows"], z[f"{key}.cols"], z[f"{key}.d"].view(G.NUMPY[case["out"]])
 
 
 def _bits(x):
