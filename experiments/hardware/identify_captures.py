@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -80,16 +81,21 @@ def one(job):
     seen = np.zeros(len(rows), bool)
     seen[np.flatnonzero(bt == bt[0])[:SEEN]] = True
     a, _, bs = crop_operands(case, rows[seen], cols)
+    store = G.OUT_STORAGE[case["out"]]
+
+    def reproduces(cfg):
+        return (emulate(case, rows, cols, cfg).view(store) == d.view(store)).all()
+
     if twin is not None:
         cfg = tcemu.GemmConfig(arch=arch, instruction=twin["instruction"], schedule=tcemu.KSchedule(**twin["schedule"]))
-        if (emulate(case, rows, cols, cfg).view(G.OUT_STORAGE[case["out"]]) == d.view(G.OUT_STORAGE[case["out"]])).all():
+        if reproduces(cfg):
             row.update(config_dict(cfg), held_out=1.0, seconds=round(time.time() - t, 1), twin=twin["key"])
             return row
     for fields in hinted(case):
         ins = (f"m16n8k16.f32.{case['a']}.{case['b']}.f32" if case["a"] in ("f16", "bf16")
                else f"wgmma.mma_async.sync.aligned.m64n8k32.f32.{case['a']}.{case['b']}")
         cfg = tcemu.GemmConfig(arch=arch, instruction=ins, schedule=tcemu.KSchedule(**fields))
-        if (emulate(case, rows, cols, cfg).view(G.OUT_STORAGE[case["out"]]) == d.view(G.OUT_STORAGE[case["out"]])).all():
+        if reproduces(cfg):
             row.update(config_dict(cfg), held_out=1.0, seconds=round(time.time() - t, 1), hinted=True)
             return row
     if seconds <= 0:
@@ -98,8 +104,7 @@ def one(job):
     try:
         cfg = tcemu.identify(a, bs[int(bt[0])], d[seen], arch=arch, max_seconds=seconds)
         row.update(config_dict(cfg))
-        held = emulate(case, rows[~seen], cols, cfg).view(G.OUT_STORAGE[case["out"]]) == \
-            d[~seen].view(G.OUT_STORAGE[case["out"]])
+        held = emulate(case, rows[~seen], cols, cfg).view(store) == d[~seen].view(store)
         row["held_out"] = float(held.mean()) if held.size else None
     except tcemu.NoMatch as e:
         row["closest"] = [dict(match=f, **config_dict(c)) for f, c in e.closest]
@@ -110,8 +115,6 @@ def one(job):
 def hinted(case):
     """Schedules the kernel information points to: XLA's Triton split-K (S from the split dot's
     shape, slices aligned to its block_k, residue last, pairwise reduction of float32 partials)."""
-    import re
-
     hlo = " ".join(case.get("hlo", []))
     m = re.search(r"f32\[(\d+),\d+,\d+(?:,\d+)?\]\{[\d,]+\} dot\(", hlo)
     bk = re.search(r'dot\(.*?"sizes":\["(\d+)"\]', hlo)
@@ -141,8 +144,6 @@ def kernel_family(row):
     """A short name of the kernel that ran (cuBLAS nvjet / CUTLASS 2, split-K; XLA Triton/cuBLAS)."""
     ks = " ".join(row["kernels"])
     if row["lib"] == "jnp.dot":  # split-K: the dot gains a leading slice axis
-        import re
-
         split = bool(re.search(r"\[\d+,\d+,\d+\]" if not row["batch"] else r"\[\d+,\d+,\d+,\d+\]", ks))
         return ("XLA cuBLAS" if "cublas" in ks else "XLA Triton") + (" + split-K" if split else "")
     fam = "nvjet" if "nvjet" in ks else "CUTLASS 2 (sm75/sm80)" if "cutlass" in ks else "other"
