@@ -24,6 +24,10 @@ X64_ENV = os.environ.get("TCEMU_X64")
 # Modules whose tests also run with x64 on when TCEMU_X64 is unset.
 # (test_engine_exact runs once: tests/test_x64.py covers every engine path with x64 on)
 X64_MODULES = ("test_wmma_mma_hw", "test_mma_sync_hw", "test_wgmma_hw", "test_peer_vectors", "test_signed_zeros_hw")
+# Tests of those modules that run once (CI time): wmma load -> mma -> store through memory for all
+# 134 forms; its numerics are those of the value-level test (run both ways) and its memory path is
+# checked with x64 on by tests/test_x64.py (test_wmma_register_level_through_memory_same_bits).
+X64_ONCE = {("test_wmma_mma_hw", "test_register_level_matches_h200")}
 
 
 def pytest_configure(config):
@@ -34,7 +38,8 @@ def pytest_configure(config):
 
 
 def pytest_generate_tests(metafunc):
-    if X64_ENV is None and metafunc.module.__name__ in X64_MODULES:
+    name = (metafunc.module.__name__, metafunc.function.__name__)
+    if X64_ENV is None and name[0] in X64_MODULES and name not in X64_ONCE:
         metafunc.parametrize("x64_mode", [False, True], ids=["x32", "x64"], indirect=True, scope="module")
 
 

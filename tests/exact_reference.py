@@ -13,8 +13,9 @@ import numpy as np
 
 FMT = {  # exponent bits, fraction bits, has inf
     "f16": (5, 10, True), "bf16": (8, 7, True), "tf32": (8, 10, True), "f32": (8, 23, True),
-    "e4m3": (4, 3, False), "e5m2": (5, 2, True),
+    "e4m3": (4, 3, False), "e5m2": (5, 2, True), "e3m2": (3, 2, False), "e2m3": (2, 3, False), "e2m1": (2, 1, False),
 }
+NO_NAN = ("e3m2", "e2m3", "e2m1")  # OCP MX fp6/fp4: every code is a finite number
 
 
 def emin(fmt):
@@ -32,7 +33,7 @@ def value(bits: int, fmt: str):
     top = (1 << eb) - 1
     if has_inf and e == top:
         return math.nan if frac else s * math.inf
-    if not has_inf and e == top and frac == (1 << fb) - 1:
+    if not has_inf and e == top and frac == (1 << fb) - 1 and fmt not in NO_NAN:
         return math.nan
     bias = (1 << (eb - 1)) - 1
     if e == 0:
@@ -114,6 +115,52 @@ def fused_dot(a_bits, afmt, b_bits, bfmt, c_bits, cfmt, F, L, mode="rz", acc="f3
         if isinstance(d, float):
             return d
         d_emin = acce[0]
+    return d
+
+
+def scale_value(code: int, stype: str):
+    """(value, exponent) of a block-scale factor: ue8m0 2**(code - 127); ue4m3 the e4m3 value of
+    the low 7 bits (the sign bit is ignored), exponent as :func:`decompose` gives; NaN as None."""
+    if stype == "ue8m0":
+        return (None, None) if code == 0xFF else (Fr(2) ** (code - 127), code - 127)
+    v = value(code & 0x7F, "e4m3")
+    if isinstance(v, float):
+        return None, None
+    return v, decompose(v, emin("e4m3"))[1]
+
+
+def scaled_dot(a_bits, afmt, b_bits, bfmt, sa, sb, c_bits, F, L, block, zero_exp, group=None, mode="rz"):
+    """One binary32 output of a block-scaled MMA (from [MS25]'s description): ``sa``/``sb`` the
+    scale codes (a list per K block, ue8m0 or ue4m3 pairs ``(code, stype)``). ``group=None``:
+    every product ``a b sa sb`` is a term with exponent e(a) + e(b) + e(sa) + e(sb);
+    ``group=G``: each G products are summed exactly and multiplied by the scales, the group's
+    exponent is e(sa) + e(sb) (that of its scales only), zero when every product or a scale is 0."""
+    a = [value(x, afmt) for x in a_bits]
+    b = [value(x, bfmt) for x in b_bits]
+    scales = [(scale_value(*x), scale_value(*y)) for x, y in zip(sa, sb)]
+    c = value(c_bits, "f32")
+    if any(isinstance(x, float) for x in a + b + [c]) or any(v is None for s in scales for v, _ in s):
+        return None  # NaN/inf and NaN scales are tested against MMA-Sim, not here
+    d = c
+    for k0 in range(0, len(a), L):
+        terms = []
+        step = group or 1
+        for g0 in range(k0, min(k0 + L, len(a)), step):
+            (va, ea), (vb, eb) = scales[g0 // block]
+            prods = [x * y for x, y in zip(a[g0:g0 + step], b[g0:g0 + step])]
+            v = sum(prods) * va * vb
+            if group is None:
+                ex = decompose(a[g0], emin(afmt))[1] + decompose(b[g0], emin(bfmt))[1]
+                terms.append((v, ex + ea + eb if v != 0 else zero_exp))
+            else:
+                terms.append((v, zero_exp if all(p == 0 for p in prods) or va * vb == 0 else ea + eb))
+        ec = decompose(d, -126)[1]
+        terms.append((d, ec if d != 0 else zero_exp))
+        E = max(e for _, e in terms if e is not None)
+        exact = sum(trunc(v * Fr(2) ** (F - E)) for v, _ in terms) * Fr(2) ** (E - F)
+        d = round_to(exact, 23, -126, 127, mode)
+        if isinstance(d, float):
+            return d
     return d
 
 

@@ -3,7 +3,9 @@
 pairs, products cancelling only after alignment (the small terms truncated away), all products
 signed zeros, and C = -(A @ B) exactly; C +-0, tiny, small or ordinary, of both signs. Every
 accumulator type of wmma.mma, mma.sync (incl. the FFMA-compiled m8n8k4 .f16 and the fp8 pairs of
-f16 HMMAs) and wgmma; value level, and register level for wmma and mma.sync."""
+f16 HMMAs) and wgmma; value level, and register level for wmma and mma.sync. The same tests run on
+tests/data/underflow_sm90.npz (``capture.py --only underflow``, H100): nonzero sums that round to
+zero, whose zero is +0 from a tensor core as well."""
 from __future__ import annotations
 
 import jax
@@ -19,10 +21,15 @@ import test_wgmma_hw
 from conftest import capture
 
 CAP = "signed_zeros_sm90.npz"
+UNDERFLOW = "underflow_sm90.npz"
 
 
-def forms(prefix):
-    return sorted({k.rsplit(".", 1)[0] for k in capture(CAP) if k.startswith(prefix)})
+def forms(prefix, cap=CAP):
+    return sorted({k.rsplit(".", 1)[0] for k in capture(cap) if k.startswith(prefix)})
+
+
+def both(prefix, keep=lambda f: True):
+    return [(cap, f) for cap in (CAP, UNDERFLOW) for f in forms(prefix, cap) if keep(f)]
 
 
 def _typed(bits, etype):
@@ -32,7 +39,9 @@ def _typed(bits, etype):
 def _report(got, want, z, key):
     bad = got != want
     per_class = {str(n): int(bad[z[key + ".class"] == i].sum()) for i, n in enumerate(z[key + ".classes"])}
-    zero_sign = int(np.sum(bad & ((got | want) & 0x7FFFFFFF == 0))) if bad.any() else 0
+    ins = parse(key if key.startswith(("wmma.", "wgmma.")) else "mma.sync.aligned." + key)
+    mag = 0x7FFF7FFF if ins.dtype == "f16" else 0x7FFFFFFF  # (f16 pairs in a register)
+    zero_sign = int(np.sum(bad & ((got | want) & mag == 0))) if bad.any() else 0
     assert not bad.any(), f"mismatches per input class: {per_class} ({zero_sign} differ only in the sign of zero)"
 
 
@@ -73,9 +82,21 @@ def test_exact_zero_sign_rule():
     assert mask.sum() > 10 and np.all(d[mask] == 0x8000)
 
 
-@pytest.mark.parametrize("sp", forms("wmma."))
-def test_wmma_value_and_register_level(sp):
-    z = capture(CAP)
+def test_underflow_zero_is_positive():
+    """[H100] A negative sum that rounds to zero: +0 from a binary16 tensor-core accumulator, -0
+    when a binary32 result is converted to binary16 by cvt.rn.f16.f32 (.f16.f32 wmma)."""
+    z = capture(UNDERFLOW)
+    native, cvt = "wmma.mma.sync.aligned.row.col.m16n16k16.f16.f16", "wmma.mma.sync.aligned.row.col.m16n16k16.f16.f32"
+    assert np.all(z[native + ".d"] != 0x8000) and np.sum(z[native + ".d"] == 0) > 1000
+    assert np.sum(z[cvt + ".d"] == 0x8000) > 1000
+    d = tcemu.mma(native, _typed(z[native + ".a"], "f16"), _typed(z[native + ".b"], "f16"), _typed(z[native + ".c"], "f16"),
+                  arch="H100", model=tcemu.numerics("H100").f16.replace(exact_zero="ieee"))
+    assert np.sum(np.asarray(fm.to_bits(d, "f16")) == 0x8000) > 500  # what an IEEE rounding of the same sums gives
+
+
+@pytest.mark.parametrize("cap,sp", both("wmma."))
+def test_wmma_value_and_register_level(cap, sp):
+    z = capture(cap)
     ins = parse(sp)
     d = tcemu.mma(sp, _typed(z[sp + ".a"], ins.atype), _typed(z[sp + ".b"], ins.btype),
                   _typed(z[sp + ".c"], ins.ctype), arch="H200")
@@ -93,9 +114,9 @@ def test_wmma_value_and_register_level(sp):
     np.testing.assert_array_equal(np.asarray(out)[:, :, r[3].start:], z[sp + ".dregs"][:8])
 
 
-@pytest.mark.parametrize("short", forms("m"))
-def test_mma_sync_register_level(short):
-    z = capture(CAP)
+@pytest.mark.parametrize("cap,short", both("m"))
+def test_mma_sync_register_level(cap, short):
+    z = capture(cap)
     f = tcemu.ptx("mma.sync.aligned." + short, arch="sm_90")
     na, nb, nc, nd = (int(x) for x in z[short + ".nregs"])
     run = jax.jit(jax.vmap(lambda r: f(
@@ -104,9 +125,9 @@ def test_mma_sync_register_level(short):
     _report(np.asarray(run(jnp.asarray(z[short + ".regs_in"]))), z[short + ".regs_out"], z, short)
 
 
-@pytest.mark.parametrize("short", [f for f in forms("m") if not f.startswith("m8n8k4")])
-def test_mma_sync_value_level(short):
-    z = capture(CAP)
+@pytest.mark.parametrize("cap,short", both("m", lambda f: not f.startswith("m8n8k4")))
+def test_mma_sync_value_level(cap, short):
+    z = capture(cap)
     sp = "mma.sync.aligned." + short
     ins = parse(sp)
     d = tcemu.mma(sp, _typed(z[short + ".a"], ins.atype), _typed(z[short + ".b"], ins.btype),
@@ -116,7 +137,7 @@ def test_mma_sync_value_level(short):
     _report(got, z[short + ".regs_out"], z, short)
 
 
-@pytest.mark.parametrize("sp", forms("wgmma."))
-def test_wgmma_value_level(sp):
-    z = capture(CAP)
+@pytest.mark.parametrize("cap,sp", both("wgmma."))
+def test_wgmma_value_level(cap, sp):
+    z = capture(cap)
     _report(test_wgmma_hw.emulate(z, sp), z[sp + ".d_regs"], z, sp)

@@ -74,7 +74,9 @@ def test_value_level_matches_h200(sp):
 
 @pytest.mark.parametrize("sp", forms())
 def test_register_level_matches_h200(sp):
-    """wmma.load (A .alayout, B .blayout, C .row) -> wmma.mma -> D registers and wmma.store.d."""
+    """wmma.load (A .alayout, B .blayout, C .row) -> wmma.mma -> D registers and wmma.store.d,
+    one warp per captured tile (jax.vmap of the whole register-level program): D in memory for
+    every tile, the D registers for the tiles whose registers the capture kept."""
     ins, z = _data(sp)
     ctx = jax.enable_x64(True) if ins.family == "f64" else _null()
     shape = ins.shape
@@ -86,21 +88,23 @@ def test_register_level_matches_h200(sp):
         na, nb, nc, nd = ld["a"].nregs, ld["b"].nregs, ld["c"].nregs, st.nregs
         ra, rb, rc = range(0, na), range(na, na + nb), range(na + nb, na + nb + nc)
         rd = range(na + nb + nc, na + nb + nc + nd)
-        for t in range(len(z["dregs"])):
+        et = {"a": ins.atype, "b": ins.btype, "c": ins.ctype}
+        ps = {"a": 0, "b": 1024, "c": 2048}
+
+        def warp(a, b, c):
             mem = tcemu.memory(4096)
-            et = {"a": ins.atype, "b": ins.btype, "c": ins.ctype}
-            mats = {"a": z["a"][t], "b": z["b"][t], "c": z["c"][t]}
-            ps = {"a": 0, "b": 1024, "c": 2048}
-            for m in "abc":
-                mem = tcemu.put_matrix(mem, typed(mats[m], et[m]), p=ps[m], layout=ld[m].ins.layout, etype=et[m])
+            for m, x in zip("abc", (a, b, c)):
+                mem = tcemu.put_matrix(mem, x, p=ps[m], layout=ld[m].ins.layout, etype=et[m])
             regs = tcemu.regfile(na + nb + nc + nd)
             for m, r in zip("abc", (ra, rb, rc)):
                 regs = ld[m](regs, mem, dst=r, p=ps[m])
             regs = mma(regs, d=rd, a=ra, b=rb, c=rc)
-            np.testing.assert_array_equal(np.asarray(regs)[:, list(rd)], z["dregs"][t])
             out = st(mem, regs, src=rd, p=3072)
-            got = tcemu.get_matrix(out, (ins.m, ins.n), ins.dtype, p=3072)
-            np.testing.assert_array_equal(bits_of(got, ins.dtype), z["d"][t].astype(bits_of(got, ins.dtype).dtype))
+            return regs[:, rd.start:rd.stop], tcemu.get_matrix(out, (ins.m, ins.n), ins.dtype, p=3072)
+
+        dregs, got = jax.jit(jax.vmap(warp))(*(typed(z[m], et[m]) for m in "abc"))  # every tile
+        np.testing.assert_array_equal(np.asarray(dregs)[:len(z["dregs"])], z["dregs"])  # (registers kept for 8)
+        np.testing.assert_array_equal(bits_of(got, ins.dtype), z["d"].astype(bits_of(got, ins.dtype).dtype))
 
 
 class _null:

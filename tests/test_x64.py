@@ -102,6 +102,30 @@ def test_value_level_same_bits(sp, arch):
     assert d.dtype == np.dtype(fm.VALUE_DTYPES[parse(sp).dtype])
 
 
+BLACKWELL = ["sm120.f8f6f4.f16.e5m2.e2m1", "sm120.mxf8f6f4.e3m2.e4m3", "sm120.mxf4nvf4.4x.ue4m3",
+             "sm100.tcgen05.mxf4.2x.ue8m0", "sm100.tcgen05.m128.f16.f16.f16"]
+
+
+@pytest.mark.parametrize("fid", BLACKWELL)
+def test_blackwell_same_bits_no_64_bit_values(fid):
+    """MMA-Sim's vectors of the Blackwell kinds (tests/test_mmasim.py): the same bits with x64 on
+    and off, and (sm_120 forms) numerics traced under x64 that hold no 64-bit value."""
+    import test_mmasim
+
+    m, (a, b, c), kw, want = test_mmasim._inputs(fid)
+    d = off_and_on(lambda: tcemu.mma(m["spelling"], a, b, c, arch=m["arch"], **kw))
+    np.testing.assert_array_equal(bits(d), want)
+    if m["arch"] == "sm_120":
+        ins = parse(m["spelling"])
+        S = ins.scale_vec or 1
+        shapes = ((2, ins.m, ins.k), (2, ins.k, ins.n), (2, ins.m, ins.n), (2, ins.m, S), (2, S, ins.n))
+        with jax.enable_x64(True):
+            j = jax.make_jaxpr(lambda a, b, c, sa, sb: mma_numerics.mma_bits_batched(
+                ins, a, b, c, None, arch="sm_120", scale_a=sa if ins.scale_vec else None,
+                scale_b=sb if ins.scale_vec else None))(*(jnp.zeros(s, jnp.uint32) for s in shapes))
+        assert not _wide_values(j.jaxpr, [])
+
+
 STOCHASTIC = tcemu.BlockFMA(fraction_bits=24, block_size=8, rounding="stochastic", f16_rounding="stochastic")
 
 
@@ -229,11 +253,14 @@ def test_mma_sync_register_level_same_bits():
     off_and_on(run)
 
 
-@pytest.mark.parametrize("etype,dtype", [("f16", np.float16), ("bf16", ml_dtypes.bfloat16), ("tf32", np.float32),
-                                         ("e4m3", ml_dtypes.float8_e4m3fn), ("s8", np.int8), ("u4", np.uint8),
-                                         ("s4", np.int8), ("b1", np.uint8), ("s32", np.int32)])
-@pytest.mark.parametrize("layout", ["row", "col"])
+_MEM_TYPES = [("f16", np.float16), ("bf16", ml_dtypes.bfloat16), ("tf32", np.float32), ("e4m3", ml_dtypes.float8_e4m3fn),
+              ("s8", np.int8), ("u4", np.uint8), ("s4", np.int8), ("b1", np.uint8), ("s32", np.int32)]
+
+
+@pytest.mark.parametrize("etype,dtype,layout", [(e, d, ("row", "col")[(i + j) % 2]) for i, (e, d) in enumerate(_MEM_TYPES)
+                                                for j in range(2 if e in ("f16", "s4", "b1") else 1)])
 def test_memory_helpers_same_bytes(etype, dtype, layout):
+    """Every element type, each in one layout (both for f16, s4 and b1; CI time)."""
     rng = np.random.default_rng(8)
     if etype in ("u4", "s4", "b1"):
         lo, hi, _ = _INT_VALUES[etype]

@@ -476,11 +476,10 @@ SZ_MMA_SYNC = tuple(f"{s}.row.col.{d}.f16.f16.{d}" for s in ("m16n8k16", "m16n8k
     "m16n8k32.row.col.f16.e5m2.e4m3.f16")
 
 
-def capture_signed_zeros(gpu, rng, per_class=12, wgmma_gpu=None):
-    """Results at or near zero (inputs.ZERO_CLASSES) for the sign of zero, on every accumulator type:
-    wmma.mma (value/register level keys as ``capture_wmma_mma``), mma.sync (logical operands placed
-    by the PTX fragments) and wgmma (keys as ``wgmma.run``)."""
-    classes = I.ZERO_CLASSES
+def capture_signed_zeros(gpu, rng, per_class=12, wgmma_gpu=None, classes=I.ZERO_CLASSES):
+    """Results at or near zero (inputs.ZERO_CLASSES, or UNDERFLOW_CLASSES) for the sign of zero, on
+    every accumulator type: wmma.mma (value/register level keys as ``capture_wmma_mma``), mma.sync
+    (logical operands placed by the PTX fragments) and wgmma (keys as ``wgmma.run``)."""
     out = capture_wmma_mma(gpu, rng, per_class, per_class, spellings=SZ_WMMA, float_classes=classes)
     out |= capture_mma_sync_logical(gpu, rng, SZ_MMA_SYNC, classes, per_class)
     if wgmma_gpu is not None:
@@ -538,7 +537,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", default="layouts,wmma,mma_sync,ldst",
-                    help="comma-separated parts: layouts, wmma, mma_sync, ldst, signed_zeros (not in the default)")
+                    help="comma-separated parts: layouts, wmma, mma_sync, ldst, signed_zeros, underflow (the last two "
+                         "not in the default)")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     outdir = Path(args.out)
@@ -576,6 +576,13 @@ def main():
         data = capture_signed_zeros(gpu, np.random.default_rng(SEED + 3), wgmma_gpu=wg)
         np.savez_compressed(outdir / "signed_zeros_sm90.npz", **data)
         print(f"signed zeros: {len(data)} arrays", flush=True)
+    if "underflow" in parts:  # nonzero sums that round to zero; its own generator too
+        import wgmma
+
+        wg = wgmma.DryGpu() if args.dry_run else wgmma.Gpu(Path(os.environ.get("TMPDIR", "/tmp")))
+        data = capture_signed_zeros(gpu, np.random.default_rng(SEED + 5), wgmma_gpu=wg, classes=I.UNDERFLOW_CLASSES)
+        np.savez_compressed(outdir / "underflow_sm90.npz", **data)
+        print(f"underflow: {len(data)} arrays", flush=True)
     info["seconds"] = round(time.time() - t0, 1)
     (outdir / "meta.json").write_text(json.dumps(info, indent=1))
     for p in sorted(outdir.iterdir()):

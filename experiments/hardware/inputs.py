@@ -26,6 +26,8 @@ INT_CLASSES = ("random", "extreme", "small")
 # truncated away), all products signed zeros, and C = -(A @ B) exactly; C is +-0, tiny
 # (subnormal, truncated away), small or ordinary, of both signs.
 ZERO_CLASSES = ("zcancel", "ztrunc", "zprod", "zexact")
+# Nonzero sums that round to zero (capture.py --only underflow): is such a zero signed?
+UNDERFLOW_CLASSES = ("zunder",)
 
 
 def from_float(x: np.ndarray, fmt: str) -> np.ndarray:
@@ -149,7 +151,7 @@ def float_operands(cls: str, rng: np.random.Generator, fmt_ab, fmt_c, T, M, N, K
         mix = rng.random((T, 1, N)) < 0.3
         b = np.where(mix, from_float(randn(sb), fb), b)
         return a, b, c
-    if cls in ZERO_CLASSES:
+    if cls in ZERO_CLASSES + UNDERFLOW_CLASSES:
         return zero_operands(cls, rng, fa, fb, fmt_c, T, M, N, K)
     if cls == "overflow":
         a = exps_bits(rng, fa, sa, max_exp_field(fa) - 1, max_exp_field(fa))
@@ -248,6 +250,19 @@ def zero_operands(cls, rng, fa, fb, fmt_c, T, M, N, K):
         a = np.where(swap, np.abs(va), za)
         b = np.where(swap, np.where(mode == 1, -0.0, np.where(mode == 2, 0.0, zb)), vb)
         scale = 1.0
+    elif cls == "zunder":  # nonzero sums below the output's smallest subnormal: the sign of that zero
+        # products of 2**-36..2**-32 for a binary16 D; 2**-168..2**-156 for a binary32 D where the
+        # inputs reach (bf16, tf32); otherwise just tiny; per tile all negative, all positive or mixed
+        wide = fa in ("bf16", "tf32") and fb in ("bf16", "tf32")
+        lo, hi = (-18, -16) if fmt_c == "f16" and "e4m3" not in (fa, fb) and "e5m2" not in (fa, fb) else (
+            (-84, -78) if wide else ((-7, -6) if "e4m3" in (fa, fb) else (-22, -20)))
+        a = sig(sa) * _pow2(rng, sa, lo, hi)
+        b = sig(sb) * _pow2(rng, sb, lo, hi)
+        mode = rng.integers(0, 3, size=(T, 1, 1))
+        a = np.where(mode == 0, sgn(sa) * a, np.where(mode == 1, -a, a))
+        zeros = np.where(rng.random(sc) < 0.5, -0.0, 0.0)
+        c = np.where(rng.random(sc) < 0.75, from_float(zeros, fmt_c), _signed_c(rng, fmt_c, sc, 1.0))
+        return from_float(a, fa), from_float(b, fb), c.astype(STORAGE[fmt_c])
     else:  # zexact: C = -(A @ B) exactly for most outputs (small integers times powers of two)
         ea = rng.integers(-2, 1, size=(T, 1, 1))
         eb = rng.integers(-2, 1, size=(T, 1, 1))

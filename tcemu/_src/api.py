@@ -28,7 +28,7 @@ def regfile(nregs: int):
 def ptx(spelling: str, arch="sm_90", *, model=None):
     """The instruction ``spelling`` as a pure, jit-compiled function over a warp's registers.
 
-    ``arch``: "sm_70" ... "sm_100" or a GPU name ("V100", "A100", "H100", ...). ``model``
+    ``arch``: "sm_70" ... "sm_120" or a GPU name ("V100", "A100", "H100", "RTX5090", ...). ``model``
     (floating-point MMAs only): a :class:`tcemu.BlockFMA` or :class:`tcemu.ArchNumerics` replacing
     the architecture's numerics preset.
 
@@ -39,6 +39,9 @@ def ptx(spelling: str, arch="sm_90", *, model=None):
     """
     a = resolve(arch)
     ins = P.parse(spelling)
+    if isinstance(ins, P.Tcgen05):
+        raise P.Unsupported(f"{spelling!r}: tcgen05.mma works on tensor memory and shared-memory descriptors; "
+                            "tcemu emulates it at value level only: use tcemu.mma")
     _check_model(ins, model)
     if isinstance(ins, P.WmmaLoad):
         return W.WmmaLoad_(ins, a)
@@ -51,7 +54,8 @@ def ptx(spelling: str, arch="sm_90", *, model=None):
     if ins.kind == "wmma":
         return W.MmaRegs(ins, a, W.wmma_mma_fragments(a, ins), model)
     if ins.kind == "mma":
-        return W.MmaRegs(ins, a, W.mma_sync_fragments(ins), model)
+        cls = W.MmaBlockScaleRegs if ins.scale_vec else W.MmaRegs
+        return cls(ins, a, W.mma_sync_fragments(ins), model)
     raise P.Unsupported(f"{spelling!r}: the register-level {ins.kind} instruction is not "
                         "available yet; use tcemu.mma for its value-level numerics")
 
@@ -68,8 +72,35 @@ def _check_model(ins, model):
 _INT_RANGE = {"s4": (-8, 7), "u4": (0, 15), "b1": (0, 1)}
 
 
+# fp4 magnitudes by code (e2m1: 0, 0.5, 1, 1.5, 2, 3, 4, 6), to encode traced float4 arrays
+_E2M1_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float32)
+
+
+def _codes(x, etype, name, spelling, dtypes):
+    """fp6/fp4 elements and scale factors: an ml_dtypes array of one of ``dtypes`` (numpy for
+    fp6, which JAX cannot hold) or uint8 codes -> uint32 codes."""
+    bits = {"e3m2": 6, "e2m3": 6, "e2m1": 4}.get(etype, 8)
+    dt = getattr(x, "dtype", None)
+    if dt is not None and any(dt == np.dtype(d) for d in dtypes):
+        if isinstance(x, jax.core.Tracer):  # float4 under jit: encode from the values
+            v = x.astype(jnp.float32)
+            mag = jnp.argmin(jnp.abs(jnp.abs(v)[..., None] - _E2M1_VALUES), axis=-1)
+            return (mag | jnp.where(jnp.signbit(v), 8, 0)).astype(jnp.uint32)
+        return jnp.asarray(np.asarray(x).view(np.uint8)).astype(jnp.uint32)
+    if dt == np.uint8:
+        if not isinstance(x, jax.core.Tracer):
+            v = np.asarray(x)
+            if v.size and v.max() >= 1 << bits:
+                raise ValueError(f"{spelling}: {name} holds .{etype} codes above {(1 << bits) - 1} (max {v.max()})")
+        return jnp.asarray(x).astype(jnp.uint32) & ((1 << bits) - 1)
+    names = " or ".join([np.dtype(d).name for d in dtypes] + ["uint8 (codes)"])
+    raise TypeError(f"{spelling}: {name} must have dtype {names} for .{etype}, got {dt}")
+
+
 def _operand(x, etype, name, spelling):
     """Typed array -> engine encoding, checking the dtype (and the range of s4/u4/b1 values)."""
+    if etype in ("e3m2", "e2m3", "e2m1"):
+        return _codes(x, etype, name, spelling, [fm.VALUE_DTYPES[etype]])
     x = jnp.asarray(x)
     want = {"f16": [jnp.float16], "bf16": [jnp.bfloat16], "tf32": [jnp.float32], "f32": [jnp.float32],
             "f64": [jnp.float64], "e4m3": [fm.VALUE_DTYPES["e4m3"]], "e5m2": [fm.VALUE_DTYPES["e5m2"]],
@@ -95,7 +126,43 @@ def _operand(x, etype, name, spelling):
     return fm.to_bits(x, etype)
 
 
-def mma(spelling: str, a, b, c, *, arch="sm_90", model=None, key=None):
+# dtype -> PTX element type of tcgen05.mma operands (float32 is tf32 there)
+_TCGEN05_TYPES = {np.dtype(jnp.float16): "f16", np.dtype(jnp.bfloat16): "bf16", np.dtype(jnp.float32): "tf32",
+                  **{np.dtype(fm.VALUE_DTYPES[t]): t for t in fm.F8F6F4_TYPES}}
+_SCALE_DTYPES = {np.dtype(fm.VALUE_DTYPES["ue8m0"]): "ue8m0", np.dtype(fm.VALUE_DTYPES["ue4m3"]): "ue4m3"}
+
+
+def _bind_tcgen05(t: P.Tcgen05, a, b, c, scale_a):
+    """The Mma of a tcgen05.mma from its arrays: types from the dtypes, M from a, N from b."""
+    what = repr(t.spelling)
+    types = []
+    for name, x in (("a", a), ("b", b)):
+        dt = np.dtype(getattr(x, "dtype", np.asarray(x).dtype))
+        if dt not in _TCGEN05_TYPES:
+            raise TypeError(f"{what}: {name} must be a typed array (float16, bfloat16, float32 for tf32, or "
+                            f"ml_dtypes {', '.join(np.dtype(fm.VALUE_DTYPES[e]).name for e in fm.F8F6F4_TYPES)}), "
+                            f"got {dt}: tcgen05.mma takes its types from the arrays")
+        types.append(_TCGEN05_TYPES[dt])
+    cdt = np.dtype(getattr(c, "dtype", np.asarray(c).dtype))
+    dtype = {np.dtype(jnp.float32): "f32", np.dtype(jnp.float16): "f16"}.get(cdt)
+    if dtype is None:
+        raise TypeError(f"{what}: c must be float32 or float16 (the D type), got {cdt}")
+    if jnp.ndim(a) < 2 or jnp.ndim(b) < 2:
+        raise ValueError(f"{what}: a and b must be (..., M, K) and (..., K, N) arrays")
+    stype = None
+    if t.scale_vec:
+        sdt = np.dtype(getattr(scale_a, "dtype", np.uint8)) if scale_a is not None else None
+        stype = _SCALE_DTYPES.get(sdt)
+        if stype is None and sdt == np.uint8 and len(t.stype_choices) == 1:
+            stype = t.stype_choices[0]
+        if stype is None and scale_a is not None:
+            raise TypeError(f"{what}: scale_a must be ml_dtypes float8_e8m0fnu (ue8m0) or float8_e4m3fn (ue4m3)"
+                            + (" or uint8 codes" if len(t.stype_choices) == 1 else "") + f", got {sdt}")
+        stype = stype or t.stype_choices[0]
+    return t.bind(types[0], types[1], dtype, int(jnp.shape(a)[-2]), int(jnp.shape(b)[-1]), stype)
+
+
+def mma(spelling: str, a, b, c, *, arch="sm_90", model=None, key=None, scale_a=None, scale_b=None):
     """Value-level MMA: ``d = a @ b + c`` with the exact numerics of ``spelling`` on ``arch``.
 
     ``a`` (..., M, K), ``b`` (..., K, N), ``c`` (..., M, N) are typed arrays (float16, bfloat16,
@@ -107,14 +174,31 @@ def mma(spelling: str, a, b, c, *, arch="sm_90", model=None, key=None):
     (under ``jit``) are wrapped to their low 4 bits (sign-extended for ``.s4``) or 1 bit, as the
     register path reads them.
 
+    Blackwell: fp6/fp4 operands (``.e3m2``, ``.e2m3``, ``.e2m1``) are ml_dtypes arrays
+    (``float6_e3m2fn`` and ``float6_e2m3fn`` as numpy arrays, which JAX cannot hold) or uint8
+    codes. Block-scaled kinds take ``scale_a`` (..., M, K / block) and ``scale_b`` (..., K / block,
+    N): ml_dtypes ``float8_e8m0fnu`` (ue8m0) or ``float8_e4m3fn`` (ue4m3, sign bit ignored), or
+    uint8 codes. ``tcgen05.mma.cta_group::1.kind::X`` (sm_100) takes its types, M and N from the
+    arrays, as the instruction descriptor would; C (and D) is float32 or float16.
+
     >>> import jax.numpy as jnp, tcemu
     >>> a = jnp.ones((16, 16), jnp.float16); b = jnp.ones((16, 16), jnp.float16)
     >>> d = tcemu.mma("wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32", a, b,
     ...               jnp.zeros((16, 16), jnp.float32), arch="A100")
     >>> float(d[0, 0])
     16.0
+    >>> import ml_dtypes, numpy as np
+    >>> a4 = np.full((16, 64), 1.5, ml_dtypes.float4_e2m1fn); b4 = np.full((64, 8), 2, ml_dtypes.float4_e2m1fn)
+    >>> d = tcemu.mma("mma.sync.aligned.m16n8k64.row.col.kind::mxf4nvf4.block_scale.scale_vec::4X"
+    ...               ".f32.e2m1.e2m1.f32.ue4m3", a4, b4, jnp.zeros((16, 8), jnp.float32), arch="RTX5090",
+    ...               scale_a=np.full((16, 4), 0.5, ml_dtypes.float8_e4m3fn),
+    ...               scale_b=np.full((4, 8), 1, ml_dtypes.float8_e4m3fn))
+    >>> float(d[0, 0])    # 64 * 1.5 * 2 * 0.5
+    96.0
     """
     ins = P.parse(spelling)
+    if isinstance(ins, P.Tcgen05):
+        ins = _bind_tcgen05(ins, a, b, c, scale_a)
     if not isinstance(ins, P.Mma):
         raise ValueError(f"{spelling!r} is not an MMA instruction")
     arch_ = resolve(arch)
@@ -126,11 +210,13 @@ def mma(spelling: str, a, b, c, *, arch="sm_90", model=None, key=None):
         if jnp.ndim(x) < 2 or tuple(jnp.shape(x)[-2:]) != shapes[name]:
             raise ValueError(f"{spelling}: {name} must have shape (..., {shapes[name][0]}, {shapes[name][1]}), "
                              f"got {jnp.shape(x)}")
+    scales = [x for x in (scale_a, scale_b) if x is not None and ins.scale_vec]
     try:
-        batch = np.broadcast_shapes(*(jnp.shape(x)[:-2] for x in (a, b, c)))
+        batch = np.broadcast_shapes(*(jnp.shape(x)[:-2] for x in (a, b, c, *scales)))
     except ValueError:
-        raise ValueError(f"{spelling}: the batch axes of a {jnp.shape(a)}, b {jnp.shape(b)} and c {jnp.shape(c)} "
-                         "do not broadcast") from None
+        names = [f"a {jnp.shape(a)}", f"b {jnp.shape(b)}", f"c {jnp.shape(c)}"]
+        names += [f"{n} {jnp.shape(x)}" for n, x in (("scale_a", scale_a), ("scale_b", scale_b)) if x is not None and ins.scale_vec]
+        raise ValueError(f"{spelling}: the batch axes of {', '.join(names[:-1])} and {names[-1]} do not broadcast") from None
     if ins.family == "f64":
         from tcemu._src.numerics.fma64 import require_x64
 
@@ -138,15 +224,36 @@ def mma(spelling: str, a, b, c, *, arch="sm_90", model=None, key=None):
     A = _operand(a, ins.atype, "a", spelling)
     B = _operand(b, ins.btype, "b", spelling)
     C = _operand(c, ins.ctype, "c", spelling)
+    SA, SB = _scales(ins, spelling, scale_a, scale_b, batch)
     A = jnp.broadcast_to(A, batch + A.shape[-2:])
     B = jnp.broadcast_to(B, batch + B.shape[-2:])
     C = jnp.broadcast_to(C, batch + C.shape[-2:])
-    D = _mma_jit(ins, arch_, model)(A, B, C, key)
+    D = _mma_jit(ins, arch_, model)(A, B, C, key, SA, SB)
     if ins.dtype == "f64":
         return jax.lax.bitcast_convert_type(D, jnp.float64)
     if ins.dtype == "s32":
         return D.astype(jnp.int32)
     return fm.from_bits(D, ins.dtype)
+
+
+def _scales(ins, spelling, scale_a, scale_b, batch):
+    """The scale-factor codes of a block-scaled MMA, checked and broadcast (None, None otherwise)."""
+    if not ins.scale_vec:
+        if scale_a is not None or scale_b is not None:
+            raise ValueError(f"{spelling}: scale_a/scale_b are only for block-scaled kinds (.kind::mxf8f6f4, "
+                             ".kind::mxf4, .kind::mxf4nvf4)")
+        return None, None
+    S = ins.scale_vec
+    out = []
+    for name, x, shape in (("scale_a", scale_a, (ins.m, S)), ("scale_b", scale_b, (S, ins.n))):
+        if x is None:
+            raise ValueError(f"{spelling}: block-scaled: pass {name} of shape (..., {shape[0]}, {shape[1]}) "
+                             f"(one .{ins.stype} per {ins.scale_block} elements of K)")
+        if jnp.ndim(x) < 2 or tuple(jnp.shape(x)[-2:]) != shape:
+            raise ValueError(f"{spelling}: {name} must have shape (..., {shape[0]}, {shape[1]}), got {jnp.shape(x)}")
+        codes = _codes(x, ins.stype, name, spelling, [fm.VALUE_DTYPES[ins.stype]])
+        out.append(jnp.broadcast_to(codes, batch + shape))
+    return tuple(out)
 
 
 _JITS: dict = {}
@@ -155,5 +262,6 @@ _JITS: dict = {}
 def _mma_jit(ins, arch, model):
     key = (ins, arch, model)
     if key not in _JITS:
-        _JITS[key] = jax.jit(lambda A, B, C, k: mma_numerics.mma_bits_batched(ins, A, B, C, model, arch=arch, key=k))
+        _JITS[key] = jax.jit(lambda A, B, C, k, SA, SB: mma_numerics.mma_bits_batched(
+            ins, A, B, C, model, arch=arch, key=k, scale_a=SA, scale_b=SB))
     return _JITS[key]

@@ -28,7 +28,8 @@ class FloatFormat:
     """A binary floating-point format stored in the low ``storage_bits`` of a uint32.
 
     ``shift`` places the format inside its storage (tf32 lives in the top 19 bits of a float32).
-    ``has_inf=False`` marks the OCP "fn" formats (e4m3: only S.1111.111 is NaN, no infinities).
+    ``has_inf=False`` marks the OCP "fn" formats (e4m3: only S.1111.111 is NaN, no infinities);
+    ``has_nan=False`` as well marks the OCP MX fp6/fp4 elements, whose every code is finite.
     """
 
     name: str
@@ -38,6 +39,7 @@ class FloatFormat:
     has_inf: bool = True
     shift: int = 0
     nan: int | None = None  # NaN pattern returned by the hardware, if not the canonical one
+    has_nan: bool = True
 
     @property
     def bias(self) -> int:
@@ -53,10 +55,15 @@ class FloatFormat:
         return (top - 1 if self.has_inf else top) - self.bias
 
     @property
+    def bits(self) -> int:
+        """Bits of one element: sign, exponent and fraction."""
+        return 1 + self.exponent_bits + self.fraction_bits
+
+    @property
     def max_fraction(self) -> int:
         """Fraction field of the largest finite value."""
         m = (1 << self.fraction_bits) - 1
-        return m if self.has_inf else m - 1
+        return m if self.has_inf or not self.has_nan else m - 1
 
     @property
     def canonical_nan(self) -> int:
@@ -82,13 +89,24 @@ TF32 = FloatFormat("tf32", 8, 10, 32, shift=13)
 F32 = FloatFormat("f32", 8, 23, 32)
 E4M3 = FloatFormat("e4m3", 4, 3, 8, has_inf=False)
 E5M2 = FloatFormat("e5m2", 5, 2, 8)
+# OCP MX v1.0 element formats (fp6 and fp4): no infinities and no NaN.
+E3M2 = FloatFormat("e3m2", 3, 2, 8, has_inf=False, has_nan=False)
+E2M3 = FloatFormat("e2m3", 2, 3, 8, has_inf=False, has_nan=False)
+E2M1 = FloatFormat("e2m1", 2, 1, 8, has_inf=False, has_nan=False)
 
-FORMATS = {f.name: f for f in (F16, BF16, TF32, F32, E4M3, E5M2)}
+FORMATS = {f.name: f for f in (F16, BF16, TF32, F32, E4M3, E5M2, E3M2, E2M3, E2M1)}
+# Element types of the Blackwell ``.kind::f8f6f4`` MMAs; fp6/fp4 values are carried as their codes.
+F8F6F4_TYPES = ("e4m3", "e5m2", "e3m2", "e2m3", "e2m1")
+# Block-scale factor types: ue8m0 (a power of two 2**(code - 127), 0xFF NaN) and ue4m3 (e4m3
+# with the sign bit ignored, 0x7F NaN).
+SCALE_TYPES = ("ue8m0", "ue4m3")
 
 # JAX / NumPy dtype of the values of each PTX element type (tf32 values are float32 arrays).
 VALUE_DTYPES = {
     "f16": jnp.float16, "bf16": jnp.bfloat16, "tf32": jnp.float32, "f32": jnp.float32,
     "f64": jnp.float64, "e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2,
+    "e3m2": ml_dtypes.float6_e3m2fn, "e2m3": ml_dtypes.float6_e2m3fn, "e2m1": ml_dtypes.float4_e2m1fn,
+    "ue8m0": ml_dtypes.float8_e8m0fnu, "ue4m3": ml_dtypes.float8_e4m3fn,
     "s8": jnp.int8, "u8": jnp.uint8, "s4": jnp.int8, "u4": jnp.uint8, "b1": jnp.uint8,
     "s32": jnp.int32,
 }
@@ -117,7 +135,9 @@ def decode(bits, fmt: FloatFormat, *, flush_subnormals: bool = False) -> Decoded
     efield = ((u >> fb) & ((1 << eb) - 1)).astype(jnp.int32)
     sign = ((u >> (fb + eb)) & 1).astype(jnp.int32)
     top = (1 << eb) - 1
-    if fmt.has_inf:
+    if not fmt.has_nan:
+        is_nan = is_inf = jnp.zeros(u.shape, bool)
+    elif fmt.has_inf:
         special = efield == top
         is_nan = special & (frac != 0)
         is_inf = special & (frac == 0)
@@ -130,6 +150,23 @@ def decode(bits, fmt: FloatFormat, *, flush_subnormals: bool = False) -> Decoded
     sig = jnp.where(normal, frac | (1 << fb), frac)
     exp = jnp.where(normal, efield - fmt.bias, fmt.emin)
     return Decoded(sign, exp, sig, is_nan, is_inf)
+
+
+class Scale(NamedTuple):
+    """A block-scale factor: value = sig * 2**(exp - 3) (3 fraction bits; ue8m0 has sig 8)."""
+
+    sig: jnp.ndarray  # int32, 0 for a zero ue4m3
+    exp: jnp.ndarray  # int32
+    is_nan: jnp.ndarray  # bool
+
+
+def decode_scale(codes, stype: str) -> Scale:
+    """Decode ue8m0 / ue4m3 scale codes (uint8 values in any integer dtype)."""
+    u = jnp.asarray(codes).astype(jnp.uint32) & 0xFF
+    if stype == "ue8m0":
+        return Scale(jnp.full(u.shape, 8, jnp.int32), u.astype(jnp.int32) - 127, u == 0xFF)
+    d = decode(u & 0x7F, E4M3)
+    return Scale(d.sig, d.exp, d.is_nan)
 
 
 def to_bits(x, etype: str):

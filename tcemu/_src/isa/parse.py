@@ -28,8 +28,19 @@ SPACES = ("global", "shared", "shared::cta")
 FLOAT_TYPES = ("f16", "bf16", "tf32", "f32", "f64", "e4m3", "e5m2")
 INT_TYPES = ("s8", "u8", "s4", "u4", "b1", "s32")
 TYPES = FLOAT_TYPES + INT_TYPES
+F8F6F4 = ("e4m3", "e5m2", "e3m2", "e2m3", "e2m1")  # element types of the Blackwell .kind::f8f6f4
+SCALE_TYPES = ("ue8m0", "ue4m3")
+# Blackwell MMA kinds: (K of mma.sync m16n8kK, valid .scale_vec with their scale types). The
+# block-scale block is K / scale_vec: 32 elements for 1X of k32 and 2X of k64, 16 for 4X.
+BLACKWELL_KINDS = {
+    "f8f6f4": (32, {}),
+    "mxf8f6f4": (32, {1: ("ue8m0",)}),
+    "mxf4": (64, {2: ("ue8m0",)}),
+    "mxf4nvf4": (64, {2: ("ue8m0",), 4: ("ue8m0", "ue4m3")}),
+}
 ROUNDINGS = ("rn", "rz", "rm", "rp")
-ELEMENT_BITS = {**S.ELEMENT_BITS, "e4m3": 8, "e5m2": 8}
+# fp6/fp4 of .kind::f8f6f4 sit in 8-bit containers (packed fp4 of .kind::mxf4* is 4 bits)
+ELEMENT_BITS = {**S.ELEMENT_BITS, "e4m3": 8, "e5m2": 8, "e3m2": 8, "e2m3": 8, "e2m1": 8}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,10 +90,23 @@ class Mma:
     satfinite: bool = False
     rnd: str | None = None  # f64 rounding (.rn default)
     op: str | None = None  # "xor" | "and" for b1
+    ptx_kind: str | None = None  # Blackwell .kind::X (f8f6f4, mxf8f6f4, mxf4, mxf4nvf4, f16, tf32)
+    stype: str | None = None  # block-scale factor type (ue8m0, ue4m3)
+    scale_vec: int | None = None  # scale factors per row of A / column of B per instruction
+
+    @property
+    def scale_block(self) -> int | None:
+        """Elements of K that share one scale factor (32 or 16), ``None`` without block scaling."""
+        return None if self.scale_vec is None else self.k // self.scale_vec
 
     @property
     def family(self) -> str:
-        """Numerics family of the inputs: f16, bf16, tf32, fp8, f64, int, b1."""
+        """Numerics family of the inputs: f16, bf16, tf32, fp8, f64, int, b1, and the Blackwell
+        kinds f8f6f4, mxf8f6f4 and mxf4 (``kind::mxf4`` and ``kind::mxf4nvf4``)."""
+        if self.ptx_kind in ("f8f6f4", "mxf8f6f4"):
+            return self.ptx_kind
+        if self.ptx_kind in ("mxf4", "mxf4nvf4"):
+            return "mxf4"
         if self.atype in ("e4m3", "e5m2"):
             return "fp8"
         if self.atype in ("s8", "u8", "s4", "u4"):
@@ -289,16 +313,27 @@ def parse_mma_sync(spelling: str) -> Mma:
         op, toks = toks[-2], toks[:-2]
     shapes = tuple(sorted({sh for v in MMA_SYNC_FORMS.values() for sh in v}))
     q = _Quals(s, toks, {"sync": ("sync",), "aligned": ("aligned",), "layout": LAYOUTS,
-                         "shape": shapes, "rnd": ROUNDINGS, "sat": ("satfinite",), "type": TYPES}, True)
+                         "shape": shapes, "rnd": ROUNDINGS, "sat": ("satfinite",),
+                         "kind": tuple("kind::" + k for k in BLACKWELL_KINDS), "block_scale": ("block_scale",),
+                         "scale_vec": _SCALE_VECS, "type": TYPES + F8F6F4[2:] + SCALE_TYPES}, True)
     _common(s, q)
     shape = q.one(s, "shape")
     lays = q.found["layout"]
     if len(lays) != 2:
         raise ValueError(f"{spelling!r}: mma.sync needs .alayout.blayout (e.g. .row.col)")
     types = q.found["type"]
+    kind = q.one(s, "kind", required=False)
+    if kind is not None:
+        return _blackwell_mma_sync(s, q, shape, lays, kind[len("kind::"):], types)
+    if q.found["block_scale"] or q.found["scale_vec"]:
+        raise ValueError(f"{spelling!r}: .block_scale and .scale_vec need a block-scaled .kind "
+                         "(.kind::mxf8f6f4, .kind::mxf4, .kind::mxf4nvf4)")
     if len(types) != 4:
         raise ValueError(f"{spelling!r}: mma.sync needs four types .dtype.atype.btype.ctype, got {types}")
     d, a, b, c = types
+    if {a, b} & set(F8F6F4[2:] + SCALE_TYPES):
+        raise ValueError(f"{spelling!r}: .e3m2/.e2m3/.e2m1 operands need .kind::f8f6f4 (or a block-scaled "
+                         "kind), e.g. mma.sync.aligned.m16n8k32.row.col.kind::f8f6f4.f32.e2m1.e2m1.f32")
     if a in ("e4m3", "e5m2") and b in ("e4m3", "e5m2"):
         fam = "fp8"
         ok = d in ("f16", "f32") and c == d
@@ -336,6 +371,45 @@ def parse_mma_sync(spelling: str) -> Mma:
                rnd or ("rn" if fam == "f64" else None), op)
 
 
+_SCALE_VECS = ("scale_vec::1X", "scale_vec::2X", "scale_vec::4X")
+
+
+def _blackwell_mma_sync(s: str, q: _Quals, shape: str, lays, kind: str, types) -> Mma:
+    """``mma.sync`` with ``.kind::f8f6f4`` or a block-scaled kind (sm_120a, PTX ISA 8.7+)."""
+    k_want, vecs = BLACKWELL_KINDS[kind]
+    want = f"m16n8k{k_want}"
+    if shape != want:
+        raise ValueError(f"{s!r}: .kind::{kind} mma.sync has shape .{want}, not .{shape}")
+    if tuple(lays) != ("row", "col"):
+        raise ValueError(f"{s!r}: .kind::{kind} mma.sync must be .row.col")
+    if q.found["sat"] or q.found["rnd"]:
+        raise ValueError(f"{s!r}: .kind::{kind} mma.sync takes no .satfinite or rounding qualifier")
+    elems = F8F6F4 if kind in ("f8f6f4", "mxf8f6f4") else ("e2m1",)
+    if not vecs:
+        if q.found["block_scale"] or q.found["scale_vec"]:
+            raise ValueError(f"{s!r}: .kind::f8f6f4 is not block-scaled (use .kind::mxf8f6f4 for block scaling)")
+        if len(types) != 4:
+            raise ValueError(f"{s!r}: .kind::f8f6f4 needs four types .dtype.atype.btype.ctype, got {types}")
+        d, a, b, c = types
+        if d not in ("f32", "f16") or c != d or a not in elems or b not in elems:
+            raise ValueError(f"{s!r}: .{'.'.join(types)} is not valid for .kind::f8f6f4; valid: .dtype.atype.btype.ctype "
+                             f"with dtype = ctype in {{f32, f16}} and atype, btype in {{{', '.join(elems)}}}")
+        m, n, k = _mnk(shape)
+        return Mma(s, "mma", shape, m, n, k, d, a, b, c, "row", "col", ptx_kind=kind)
+    if not q.found["block_scale"]:
+        raise ValueError(f"{s!r}: .kind::{kind} needs .block_scale")
+    nvec = _scale_vec(s, kind, vecs, q.one(s, "scale_vec", required=False))
+    if len(types) != 5:
+        raise ValueError(f"{s!r}: .kind::{kind} needs five types .f32.atype.btype.f32.stype, got {types}")
+    d, a, b, c, st = types
+    if d != "f32" or c != "f32" or a not in elems or b not in elems or st not in vecs[nvec]:
+        raise ValueError(f"{s!r}: .{'.'.join(types)} is not valid for .kind::{kind}.scale_vec::{nvec}X; valid: "
+                         f".f32.atype.btype.f32.stype with atype, btype in {{{', '.join(elems)}}} and stype in "
+                         f"{{{', '.join(vecs[nvec])}}}")
+    m, n, k = _mnk(shape)
+    return Mma(s, "mma", shape, m, n, k, d, a, b, c, "row", "col", ptx_kind=kind, stype=st, scale_vec=nvec)
+
+
 def parse_wgmma(spelling: str) -> Mma:
     """Dense ``wgmma.mma_async.sync.aligned.m64nNkK.dtype.atype.btype`` (value level)."""
     s, toks = _split(spelling, "wgmma.mma_async")
@@ -363,11 +437,93 @@ def parse_wgmma(spelling: str) -> Mma:
     return Mma(s, "wgmma", shapes[0], m, n, k, d, a, b, d)
 
 
+# tcgen05.mma (sm_100a) kinds: K, the element types, and the D types (value level).
+TCGEN05_KINDS = {
+    "tf32": (8, ("tf32",), ("f32",)),
+    "f16": (16, ("f16", "bf16"), ("f32", "f16")),
+    "f8f6f4": (32, F8F6F4, ("f32", "f16")),
+    "mxf8f6f4": (32, F8F6F4, ("f32",)),
+    "mxf4": (64, ("e2m1",), ("f32",)),
+    "mxf4nvf4": (64, ("e2m1",), ("f32",)),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Tcgen05:
+    """``tcgen05.mma.cta_group::1.kind::X[.block_scale.scale_vec::NX]`` without its operands: the
+    element types, D type and M/N live in the instruction descriptor, so :meth:`bind` takes them
+    from the arrays of a value-level call."""
+
+    spelling: str
+    ptx_kind: str
+    stype_choices: tuple[str, ...] = ()
+    scale_vec: int | None = None
+
+    def bind(self, atype: str, btype: str, dtype: str, m: int, n: int, stype: str | None = None) -> Mma:
+        """The :class:`Mma` of this instruction for the given types and M, N (validated)."""
+        k, elems, dtypes = TCGEN05_KINDS[self.ptx_kind]
+        what = f"{self.spelling!r}"
+        if atype not in elems or btype not in elems:
+            raise ValueError(f"{what}: A and B of .kind::{self.ptx_kind} must be {', '.join(elems)}; got {atype} and {btype}")
+        if self.ptx_kind == "f16" and atype != btype:
+            raise ValueError(f"{what}: .kind::f16 needs A and B of the same type, got {atype} and {btype}")
+        if dtype not in dtypes or (dtype == "f16" and atype == "bf16"):
+            raise ValueError(f"{what}: D (and C) of .kind::{self.ptx_kind} with {atype} inputs must be "
+                             f"{' or '.join(t for t in dtypes if not (t == 'f16' and atype == 'bf16'))}, got {dtype}")
+        valid_m = (128,) if self.scale_vec else (64, 128)
+        if m not in valid_m or n % 8 or not 8 <= n <= 256:
+            raise ValueError(f"{what}: M={m}, N={n} is not a cta_group::1 shape of .kind::{self.ptx_kind}; valid: "
+                             f"M in {{{', '.join(map(str, valid_m))}}}, N = 8..256 step 8")
+        if self.scale_vec and stype not in self.stype_choices:
+            raise ValueError(f"{what}: scale factors must be {' or '.join(self.stype_choices)}, got {stype}")
+        return Mma(self.spelling, "tcgen05", f"m{m}n{n}k{k}", m, n, k, dtype, atype, btype, dtype,
+                   ptx_kind=self.ptx_kind, stype=stype if self.scale_vec else None, scale_vec=self.scale_vec)
+
+
+def parse_tcgen05(spelling: str) -> Tcgen05:
+    """``tcgen05.mma.cta_group::1.kind::X`` (value level; block-scaled kinds take
+    ``.block_scale.scale_vec::NX``)."""
+    s, toks = _split(spelling, "tcgen05.mma")
+    q = _Quals(s, toks, {"cta_group": ("cta_group::1", "cta_group::2"),
+                         "kind": tuple("kind::" + k for k in TCGEN05_KINDS), "block_scale": ("block_scale",),
+                         "scale_vec": _SCALE_VECS + ("block16", "block32")})
+    if q.one(s, "cta_group") != "cta_group::1":
+        raise Unsupported(f"{spelling!r}: only .cta_group::1 is emulated (a pair of CTAs computes the same "
+                          "numbers on twice the M)")
+    kind = q.one(s, "kind")[len("kind::"):]
+    if kind in ("tf32", "f16", "f8f6f4"):
+        if q.found["block_scale"] or q.found["scale_vec"]:
+            raise ValueError(f"{spelling!r}: .kind::{kind} is not block-scaled")
+        return Tcgen05(s, kind)
+    if not q.found["block_scale"]:
+        raise ValueError(f"{spelling!r}: .kind::{kind} needs .block_scale")
+    vecs = BLACKWELL_KINDS[kind][1]
+    k = TCGEN05_KINDS[kind][0]
+    vec = q.one(s, "scale_vec", required=False)
+    if vec in ("block16", "block32"):  # PTX ISA 8.8 aliases: the number of elements per scale factor
+        vec = f"scale_vec::{k // int(vec[5:])}X"
+    nvec = _scale_vec(s, kind, vecs, vec)
+    return Tcgen05(s, kind, vecs[nvec], nvec)
+
+
+def _scale_vec(s: str, kind: str, vecs: dict, vec: str | None) -> int:
+    """The scale_vec of a block-scaled kind (its default where PTX has one), validated."""
+    valid = ", ".join(f".scale_vec::{v}X" for v in vecs)
+    if vec is None:
+        if len(vecs) > 1:
+            raise ValueError(f"{s!r}: .kind::{kind} needs a .scale_vec qualifier ({valid})")
+        return next(iter(vecs))
+    nvec = int(vec[len("scale_vec::"):-1])
+    if nvec not in vecs:
+        raise ValueError(f"{s!r}: .{vec} is not valid with .kind::{kind}; valid: {valid}")
+    return nvec
+
+
 def parse(spelling: str):
     """Parse any supported PTX spelling into its instruction description."""
     s = _clean(spelling)
     parsers = (("wmma.load", parse_wmma_load), ("wmma.store", parse_wmma_store),
-               ("wmma.mma", parse_wmma_mma), ("wgmma.mma_async", parse_wgmma),
+               ("wmma.mma", parse_wmma_mma), ("wgmma.mma_async", parse_wgmma), ("tcgen05.mma", parse_tcgen05),
                ("mma", parse_mma_sync), ("ldmatrix", parse_matrix_move), ("stmatrix", parse_matrix_move))
     for prefix, fn in parsers:
         if s.startswith(prefix + "."):
@@ -378,7 +534,7 @@ def parse(spelling: str):
     elif s != s.lower() and any(s.lower().startswith(prefix + ".") for prefix, _ in parsers):
         hint = f" (PTX is case-sensitive: did you mean {s.lower()!r}?)"
     raise ValueError(f"unsupported instruction {spelling!r}{hint}; supported: wmma.load, wmma.store, "
-                     "wmma.mma, mma.sync, ldmatrix, stmatrix, wgmma.mma_async (value level)")
+                     "wmma.mma, mma.sync, ldmatrix, stmatrix, wgmma.mma_async and tcgen05.mma (value level)")
 
 
 # ---------------------------------------------------------------------------------------------

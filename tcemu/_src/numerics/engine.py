@@ -228,6 +228,8 @@ def _fused(exp_for_max, align, make_flags, make_c, cfrac: int, model: BlockFMA, 
         sign, mhi, mlo = split_signed(hi, lo)
         bits = round_pack(sign, mhi, mlo, E - F, out, mode, **rounding)
         exact_zero = (mhi | mlo) == 0
+    if model.exact_zero == "+0":  # also a negative sum that rounded to zero
+        bits = jnp.where(bits == jnp.uint32(out.sign_bit), jnp.uint32(0), bits)
     # One reduction tells whether any output needs the slow path: an exact zero (its sign is -
     # only when every addend is negative, as in an IEEE sum of signed zeros) or a NaN/inf operand
     # (the alignment exponent carries the sentinel). Only then are term flags computed.
@@ -333,8 +335,12 @@ def _use_float(afmt, bfmt, model: BlockFMA) -> bool:
             and not model.normalize_products and alignment_path() == "float")
 
 
-def prepare(a_bits, afmt: fm.FloatFormat, b_bits, bfmt: fm.FloatFormat, model: BlockFMA) -> Prepared:
-    """Decode the multiplicands of :func:`fused_dot` (tf32 rounding, block order, sentinels)."""
+def prepare(a_bits, afmt: fm.FloatFormat, b_bits, bfmt: fm.FloatFormat, model: BlockFMA, *,
+            a_exp=None, b_exp=None) -> Prepared:
+    """Decode the multiplicands of :func:`fused_dot` (tf32 rounding, block order, sentinels).
+
+    ``a_exp`` (..., M, K) / ``b_exp`` (..., K, N): int32 exponents added to every element (the
+    power-of-two block scales of ``kind::mxf8f6f4``); the alignment then runs in integers."""
     flush = not model.subnormal_inputs
     if afmt is fm.TF32 and model.tf32_conversion == "rna":
         a_bits = convert(a_bits, fm.F32, fm.TF32, "rna")
@@ -345,11 +351,18 @@ def prepare(a_bits, afmt: fm.FloatFormat, b_bits, bfmt: fm.FloatFormat, model: B
     perm = _order(a_bits.shape[-1], model)
     if perm is not None:
         a_bits, b_bits = a_bits[..., perm], b_bits[..., perm, :]
+        a_exp = None if a_exp is None else a_exp[..., perm]
+        b_exp = None if b_exp is None else b_exp[..., perm, :]
     pre = model.fraction_bits - (afmt.fraction_bits + bfmt.fraction_bits)
     sa, ea = _prepare(fm.decode(a_bits, afmt, flush_subnormals=flush), max(pre, 0))
     sb, eb = _prepare(fm.decode(b_bits, bfmt, flush_subnormals=flush), 0)
+    scaled = a_exp is not None or b_exp is not None
+    if a_exp is not None:  # |scale exponents| < 2**10 keep the sentinels on their side
+        ea = ea + a_exp
+    if b_exp is not None:
+        eb = eb + b_exp
     fa = fb = None
-    if _use_float(afmt, bfmt, model):  # exact float32 values (XLA's conversions are exact here)
+    if not scaled and _use_float(afmt, bfmt, model):  # exact float32 values (XLA's conversions are exact here)
         fa, fb = _as_f32(a_bits, afmt, flush), _as_f32(b_bits, bfmt, flush)
     return Prepared(a_bits, b_bits, sa, ea, sb, eb, fa, fb)
 
@@ -366,8 +379,9 @@ def fused_dot(a_bits, afmt: fm.FloatFormat, b_bits, bfmt: fm.FloatFormat, c_bits
 
 
 def fused_dot_prepared(p: Prepared, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, c_bits,
-                       cfmt: fm.FloatFormat, model: BlockFMA, *, acc: str = "f32", key=None):
-    """:func:`fused_dot` on operands already :func:`prepare`-d."""
+                       cfmt: fm.FloatFormat, model: BlockFMA, *, acc: str = "f32", key=None, min_scale_exp: int = 0):
+    """:func:`fused_dot` on operands already :func:`prepare`-d (``min_scale_exp``: the smallest
+    exponent the ``a_exp + b_exp`` of :func:`prepare` can add to a product)."""
     flush = not model.subnormal_inputs
     K = p.a_bits.shape[-1]
     out = accumulator_format(model, acc)
@@ -404,11 +418,11 @@ def fused_dot_prepared(p: Prepared, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, 
                                      F + max(-pre, 0) + 1 if model.normalize_products else None)
         if separate:  # the block alone, rounded, then one addition into the accumulator
             t = _fused(emax, align, flags, neutral, acc_fmt.fraction_bits, model, fraction_bits=F,
-                       sticky=model.sticky, out=out, mode=mode, rand=rand_for(blk), min_exp=afmt.emin + bfmt.emin)
+                       sticky=model.sticky, out=out, mode=mode, rand=rand_for(blk), min_exp=afmt.emin + bfmt.emin + min_scale_exp)
             d = _add(t, acc_fmt, d, read_fmt, model, out=out, mode=model.addend_rounding, rand=rand_for(K + blk))
         else:
             d = _fused(emax, align, flags, c, read_fmt.fraction_bits, model, fraction_bits=F, sticky=model.sticky,
-                       out=out, mode=mode, rand=rand_for(blk), min_exp=afmt.emin + bfmt.emin)
+                       out=out, mode=mode, rand=rand_for(blk), min_exp=afmt.emin + bfmt.emin + min_scale_exp)
         read_fmt = acc_fmt
     if model.addend == "last":
         d = _add(d, acc_fmt, c_bits, cfmt, model, out=out, mode=model.addend_rounding, rand=rand_for(-1))

@@ -18,7 +18,7 @@ import numpy as np
 from tcemu._src import formats as fm
 from tcemu._src.arch import resolve
 from tcemu._src.isa.parse import Mma
-from tcemu._src.numerics import engine, fma64, integer
+from tcemu._src.numerics import engine, fma64, grouped, integer
 from tcemu._src.numerics.model import BlockFMA
 from tcemu._src.numerics.presets import ArchNumerics, numerics
 
@@ -63,6 +63,15 @@ def check_arch(ins: Mma, arch) -> None:
         need = 90
         if a.sm != 90:
             raise ValueError(f"{ins.spelling!r}: wgmma exists only on sm_90 (Hopper), not {a}")
+    elif ins.kind == "tcgen05":
+        need = 100
+        if a.sm != 100:
+            raise ValueError(f"{ins.spelling!r}: tcgen05.mma exists only on sm_100 (B200), not {a}")
+    elif ins.ptx_kind is not None:
+        need = 120
+        if a.sm != 120:
+            raise ValueError(f"{ins.spelling!r}: mma.sync .kind::{ins.ptx_kind} exists only on sm_120 "
+                             f"(RTX 50 / RTX PRO Blackwell), not {a}")
     else:
         fam = {"int": "int4" if ins.atype in ("s4", "u4") else "int8"}.get(ins.family, ins.family)
         need = MMA_SYNC_MIN_SM[fam]
@@ -76,12 +85,19 @@ def resolve_model(ins: Mma, model, arch) -> BlockFMA:
     """The :class:`BlockFMA` for a floating-point instruction: ``model`` if it is one, else the
     ``ArchNumerics`` given (or the preset of ``arch``)."""
     if isinstance(model, BlockFMA):
-        return model
-    nums = model if isinstance(model, ArchNumerics) else numerics(arch)
-    m = nums.for_instruction(ins)
-    if m is None:
-        raise ValueError(f"{ins.spelling!r}: no {ins.family} {ins.kind} numerics for {nums.arch}; "
-                         "pass model=tcemu.BlockFMA(...) to use your own")
+        m = model
+    else:
+        nums = model if isinstance(model, ArchNumerics) else numerics(arch)
+        m = nums.for_instruction(ins)
+        if m is None:
+            raise ValueError(f"{ins.spelling!r}: no {ins.family} {ins.kind} numerics for {nums.arch}; "
+                             "pass model=tcemu.BlockFMA(...) to use your own")
+    if (m.scale_group is not None) != (ins.family == "mxf4"):
+        raise ValueError(f"{ins.spelling!r}: BlockFMA.scale_group is for the block-scaled fp4 kinds "
+                         "(.kind::mxf4, .kind::mxf4nvf4), which need it; got scale_group="
+                         f"{m.scale_group}")
+    if ins.family == "mxf4":
+        grouped.check_grouped(m, repr(ins.spelling), k=ins.k, block=ins.scale_block)
     return m
 
 
@@ -93,8 +109,10 @@ def _float_plan(ins: Mma, m: BlockFMA):
     return "f32", fm.F32, ins.ctype == "f16", ins.dtype == "f16"
 
 
-def mma_bits(ins: Mma, a, b, c, model, *, arch="sm_90", key=None):
-    """``D = A @ B + C`` of instruction ``ins`` on encoded operands (see module docstring)."""
+def mma_bits(ins: Mma, a, b, c, model, *, arch="sm_90", key=None, scale_a=None, scale_b=None):
+    """``D = A @ B + C`` of instruction ``ins`` on encoded operands (see module docstring);
+    block-scaled kinds take ``scale_a`` (..., M, K / block) and ``scale_b`` (..., K / block, N)
+    scale-factor codes."""
     fam = ins.family
     if fam == "int":
         return integer.int_mma(a, b, c, satfinite=ins.satfinite)
@@ -103,16 +121,35 @@ def mma_bits(ins: Mma, a, b, c, model, *, arch="sm_90", key=None):
     if fam == "f64":
         return fma64.fma_chain_bits(a, b, c, ins.rnd)
     m = resolve_model(ins, model, arch)
+    if ins.scale_vec is not None:
+        return _scaled(ins, m, a, b, c, scale_a, scale_b, key)
     prep = engine.prepare(a, fm.FORMATS[ins.atype], b, fm.FORMATS[ins.btype], m)
     return _float_prepared(ins, m, prep, c, key)
 
 
-def _float_prepared(ins: Mma, m: BlockFMA, prep, c, key):
+def _scaled(ins: Mma, m: BlockFMA, a, b, c, scale_a, scale_b, key):
+    """Block-scaled kinds: scale exponents added to the products (mxf8f6f4, ue8m0 scales) or
+    grouped products (mxf4, mxf4nvf4); a NaN scale makes the outputs it touches NaN."""
+    sa, sb = fm.decode_scale(scale_a, ins.stype), fm.decode_scale(scale_b, ins.stype)
+    blk = ins.scale_block
+    if m.scale_group is not None:
+        d = grouped.grouped_dot(jnp.asarray(a).astype(jnp.uint32), jnp.asarray(b).astype(jnp.uint32), c, sa, sb,
+                                blk, m)
+    else:  # ue8m0: a power of two per block, added to the exponents of its elements
+        prep = engine.prepare(a, fm.FORMATS[ins.atype], b, fm.FORMATS[ins.btype], m,
+                              a_exp=jnp.repeat(sa.exp, blk, axis=-1), b_exp=jnp.repeat(sb.exp, blk, axis=-2))
+        d = _float_prepared(ins, m, prep, c, key, min_scale_exp=-254)
+    nan = jnp.any(sa.is_nan, axis=-1)[..., :, None] | jnp.any(sb.is_nan, axis=-2)[..., None, :]
+    return jnp.where(nan, jnp.uint32(fm.F32.canonical_nan), d)
+
+
+def _float_prepared(ins: Mma, m: BlockFMA, prep, c, key, min_scale_exp: int = 0):
     acc, cfmt, widen, narrow = _float_plan(ins, m)
     c = jnp.asarray(c).astype(jnp.uint32)
     if widen:
         c = engine.convert(c, fm.F16, fm.F32)
-    d = engine.fused_dot_prepared(prep, fm.FORMATS[ins.atype], fm.FORMATS[ins.btype], c, cfmt, m, acc=acc, key=key)
+    d = engine.fused_dot_prepared(prep, fm.FORMATS[ins.atype], fm.FORMATS[ins.btype], c, cfmt, m, acc=acc, key=key,
+                                  min_scale_exp=min_scale_exp)
     return engine.convert(d, fm.F32, fm.F16, "rne") if narrow else d
 
 
@@ -125,7 +162,7 @@ def chunk_terms() -> int:
     return 1 << 23 if jax.default_backend() == "cpu" else 1 << 29
 
 
-def mma_bits_batched(ins: Mma, a, b, c, model, *, arch="sm_90", key=None):
+def mma_bits_batched(ins: Mma, a, b, c, model, *, arch="sm_90", key=None, scale_a=None, scale_b=None):
     """:func:`mma_bits` over leading batch axes (already broadcast), in chunks of tiles run by a
     ``lax.scan``: the operands are decoded once outside the loop (the loop boundary keeps XLA
     from decoding them again for every product), intermediates stay cache-sized and memory stays
@@ -136,7 +173,7 @@ def mma_bits_batched(ins: Mma, a, b, c, model, *, arch="sm_90", key=None):
         T *= s
     per = max(1, chunk_terms() // (ins.m * ins.n * ins.k))
     if T <= per:
-        return mma_bits(ins, a, b, c, model, arch=arch, key=key)
+        return mma_bits(ins, a, b, c, model, arch=arch, key=key, scale_a=scale_a, scale_b=scale_b)
     n = -(-T // per)
 
     def chunks(x):
@@ -147,7 +184,12 @@ def mma_bits_batched(ins: Mma, a, b, c, model, *, arch="sm_90", key=None):
     keys = None if key is None else jax.random.split(key, n)
     fa, fb = fm.FORMATS.get(ins.atype), fm.FORMATS.get(ins.btype)
     m = None if ins.family in ("int", "b1", "f64") else resolve_model(ins, model, arch)
-    if m is None or engine._use_float(fa, fb, m):
+    if ins.scale_vec is not None:
+        def body(_, x):
+            return None, mma_bits(ins, x[0], x[1], x[2], model, arch=arch, key=x[3], scale_a=x[4], scale_b=x[5])
+
+        _, out = jax.lax.scan(body, None, (chunks(a), chunks(b), chunks(c), keys, chunks(scale_a), chunks(scale_b)))
+    elif m is None or engine._use_float(fa, fb, m):
         # integer MMAs, and fp16/fp8 on the float32 path: the loop decodes the operand bits
         # itself (measured faster than reading four decoded arrays)
         def body(_, x):

@@ -21,6 +21,7 @@ import numpy as np
 from tcemu._src.numerics.rounding import ROUNDING_MODES
 
 MAX_FRACTION_BITS = 28
+MAX_GROUPED_FRACTION_BITS = 35  # with scale_group: the wide (two-word) sum of group_sums
 # bound of |zero_exponent| and |min_exponent|: past every term (products of float32-range values
 # lie within 2**-298 .. 2**256)
 MAX_EXPONENT = 512
@@ -66,9 +67,17 @@ class BlockFMA:
         tensor core) or "separate" (each block is summed and rounded alone, then added to the
         accumulator by one addition rounded with ``addend_rounding``: compiled CUDA-core code
         such as sm_90's ``mma.m8n8k4`` with .f16 C/D, ``(C + fma(a1, b1, a0*b0)) + fma(a3, b3, a2*b2)``).
-      exact_zero: sign of a sum that is exactly zero: "+0" (NVIDIA tensor cores return +0 even
-        when every addend is -0; [H200] ``tests/data/signed_zeros_sm90.npz``) or "ieee" (IEEE 754:
-        -0 when every addend is -0, and for any exact zero under "rd"; CUDA-core FFMA/FADD).
+      exact_zero: sign of a zero result: "+0" (NVIDIA tensor cores return +0 even when every
+        addend is -0, [H200] ``tests/data/signed_zeros_sm90.npz``, and when a negative sum rounds
+        to zero, [H100] ``tests/data/underflow_sm90.npz``; [MS25] adds +0.0 to every result) or
+        "ieee" (IEEE 754: -0 when every addend is -0, for any exact zero under "rd", and for a
+        negative sum that rounds to zero; CUDA-core FFMA/FADD).
+      scale_group: ``None`` (every product is a term of the block), or G: block-scaled MMAs of
+        packed fp4 (``kind::mxf4``/``mxf4nvf4``) sum each G consecutive products exactly, multiply
+        the group sum by its block scales and align it by the scales' exponent alone (not its own
+        magnitude); a group whose products are all zero, or whose scale is zero, counts with
+        ``zero_exponent``. Blackwell: G=16 with 35 fraction bits ([MS25] ``MMA_GST_FDPA``).
+        ``fraction_bits`` may then be up to 35.
     """
 
     fraction_bits: int = 25
@@ -90,9 +99,14 @@ class BlockFMA:
     f16_accumulation: str = "native"
     block_sum: str = "fused"
     exact_zero: str = "+0"
+    scale_group: int | None = None
 
     def __post_init__(self):
-        int_field(self, "fraction_bits", 1, MAX_FRACTION_BITS)
+        if self.scale_group is not None:
+            int_field(self, "scale_group", 1, None, "or None")
+        int_field(self, "fraction_bits", 1,
+                  MAX_FRACTION_BITS if self.scale_group is None else MAX_GROUPED_FRACTION_BITS,
+                  "" if self.scale_group is None else "with scale_group")
         int_field(self, "block_size", 1, None)
         int_field(self, "accumulator_fraction_bits", 1, 23)
         for name in ("rounding", "f16_rounding", "addend_rounding"):

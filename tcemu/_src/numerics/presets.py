@@ -39,7 +39,9 @@ class ArchNumerics:
     """The numerics of one architecture, per input family and instruction kind.
 
     ``None`` means the architecture has no such MMA. ``fp8_mma`` is ``mma.sync`` with e4m3/e5m2
-    inputs, ``fp8_wgmma`` Hopper's ``wgmma``. ``mma_m8n8k4_f16`` is ``mma.m8n8k4`` with f16
+    inputs, ``fp8_wgmma`` Hopper's ``wgmma``. ``f8f6f4``, ``mxf8f6f4`` and ``mxf4`` are the
+    Blackwell kinds of ``mma.sync`` (sm_120) and ``tcgen05.mma`` (sm_100): ``.kind::f8f6f4``,
+    its block-scaled ``.kind::mxf8f6f4``, and ``.kind::mxf4``/``.kind::mxf4nvf4`` (packed fp4). ``mma_m8n8k4_f16`` is ``mma.m8n8k4`` with f16
     inputs, ``mma_m8n8k4_f16_d`` the same with an f16 D where that is computed differently
     (``None``: as ``mma_m8n8k4_f16``).
     """
@@ -54,6 +56,9 @@ class ArchNumerics:
     wmma_tf32: BlockFMA | None = None
     mma_m8n8k4_f16: BlockFMA | None = None
     mma_m8n8k4_f16_d: BlockFMA | None = None
+    f8f6f4: BlockFMA | None = None
+    mxf8f6f4: BlockFMA | None = None
+    mxf4: BlockFMA | None = None
     notes: str = ""
 
     def __post_init__(self):
@@ -142,6 +147,15 @@ def _hopper() -> ArchNumerics:
         fp8_wgmma=BlockFMA(fraction_bits=13, block_size=32, accumulator_fraction_bits=13))
 
 
+# [MS25] Blackwell kinds (nv_ptx/sim.py, MMA_T_FDPA / MMA_ST_FDPA / MMA_GST_FDPA): F=25 over blocks
+# of 32 bytes of inputs; zero terms count with exponent -133; block-scaled fp4 (k64) sums groups
+# of 16 products exactly and aligns them by the scale exponents with 35 fraction bits, zero
+# groups and a zero C counting with -139. Checked against MMA-Sim's vectors
+# (tests/data/mmasim_blackwell.npz).
+F8F6F4 = BlockFMA(fraction_bits=25, block_size=32, zero_exponent=-133)
+MXF4 = BlockFMA(fraction_bits=35, block_size=64, scale_group=16, zero_exponent=-139)
+
+
 def _blackwell() -> ArchNumerics:
     m = BlockFMA(fraction_bits=25, block_size=16)  # [KM25] B200TC.m; [MS25]; [PV]
     return ArchNumerics(
@@ -150,14 +164,27 @@ def _blackwell() -> ArchNumerics:
         wmma_tf32=BlockFMA(fraction_bits=25, block_size=4),  # assumed as on sm_90 ([PV] k=4 agrees)
         mma_m8n8k4_f16=FFMA_M8N8K4, mma_m8n8k4_f16_d=FFMA_M8N8K4_F16,  # assumed as measured on sm_90
         # [PV] B200 e4m3/e5m2 (mma.sync m16n8k32): two interleaved f16 HMMAs, then RNE add of C
-        fp8_mma=m.replace(block_order=FP8_AS_F16_PAIRS, addend="last"))
+        fp8_mma=m.replace(block_order=FP8_AS_F16_PAIRS, addend="last"),
+        f8f6f4=F8F6F4, mxf8f6f4=F8F6F4, mxf4=MXF4)  # tcgen05.mma kinds [MS25]
+
+
+def _rtx_blackwell() -> ArchNumerics:
+    m = BlockFMA(fraction_bits=25, block_size=16)  # [MS25] RTX Blackwell: F=25, 32-byte blocks
+    return ArchNumerics(
+        "sm_120", f16=m, bf16=m,
+        tf32=BlockFMA(fraction_bits=25, block_size=8),  # [MS25]
+        wmma_tf32=BlockFMA(fraction_bits=25, block_size=4),  # assumed as measured on sm_90
+        mma_m8n8k4_f16=FFMA_M8N8K4, mma_m8n8k4_f16_d=FFMA_M8N8K4_F16,  # assumed as measured on sm_90
+        fp8_mma=BlockFMA(fraction_bits=25, block_size=32),  # [MS25]: a native fp8 MMA, 32 products per block
+        f8f6f4=F8F6F4, mxf8f6f4=F8F6F4, mxf4=MXF4,
+        notes="from [MS25] (MMA-Sim, validated by its authors on an RTX 5090); no published vectors")
 
 
 PRESETS: dict[str, ArchNumerics] = {
     "sm_70": _volta(), "sm_72": _volta("sm_72", _ASSUMED.format("sm_70", "Volta", "Jetson AGX Xavier")),
     "sm_75": _turing(), "sm_80": _ampere("sm_80"), "sm_86": _ampere("sm_86"),
     "sm_87": _ampere("sm_87", _ASSUMED.format("sm_80/sm_86", "Ampere", "Jetson Orin")),
-    "sm_89": _ada(), "sm_90": _hopper(), "sm_100": _blackwell(),
+    "sm_89": _ada(), "sm_90": _hopper(), "sm_100": _blackwell(), "sm_120": _rtx_blackwell(),
 }
 
 
