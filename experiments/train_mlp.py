@@ -7,8 +7,10 @@ data), labelled by a random teacher network; the student is 2048 -> 64 -> 10 wit
 with Adam by Optax. Its first layer contracts over K = 2048, long enough for accumulation
 numerics to matter. Every forward GEMM runs through ``tcemu.dot_general``; the backward GEMMs are
 exact float32. Configurations: exact float32, H100 bf16 (wgmma), H100 fp8 e4m3 (wgmma) without and
-with promotion every 128 (DeepSeek-V3), V100 fp16 (wmma). Writes a PNG of the loss curves and
-a CSV of the final numbers, and prints the command that reproduces them.
+with promotion every 128 (DeepSeek-V3), V100 fp16 (wmma), and Blackwell block scaling: MXFP8 (e4m3
+with a ue8m0 scale per 32 elements, OCP MX) and NVFP4 (e2m1 with a ue4m3 scale per 16 and a
+float32 tensor scale) through sm_120 ``mma.sync`` block-scaled kinds. Writes a PNG of the loss
+curves and a CSV of the final numbers, and prints the command that reproduces them.
 """
 from __future__ import annotations
 
@@ -34,6 +36,11 @@ CONFIGS = {
     "H100 fp8 + promotion": tcemu.GemmConfig(arch="H100", instruction="wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3",
                                              k_order="promotion", promotion_interval=128),
     "V100 fp16": tcemu.GemmConfig(arch="V100", instruction="wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32"),
+    # Blackwell block scaling (numerics of MMA-Sim's RTX Blackwell model; tcgen05 on a B200 shares them)
+    "RTX 50 MXFP8": tcemu.GemmConfig(arch="RTX5090", instruction="mma.sync.aligned.m16n8k32.row.col.kind::mxf8f6f4"
+                                     ".block_scale.scale_vec::1X.f32.e4m3.e4m3.f32.ue8m0"),
+    "RTX 50 NVFP4": tcemu.GemmConfig(arch="RTX5090", instruction="mma.sync.aligned.m16n8k64.row.col.kind::mxf4nvf4"
+                                     ".block_scale.scale_vec::4X.f32.e2m1.e2m1.f32.ue4m3"),
 }
 
 

@@ -4,7 +4,8 @@ Register level: ``tcemu.ptx(spelling, arch)`` returns a pure function over a war
 (``tcemu.regfile``) and byte-addressed memory (``tcemu.memory``). Value level: ``tcemu.mma``.
 Numerics: ``tcemu.BlockFMA`` (the fused block-FMA model), ``tcemu.numerics(arch)`` (presets).
 GEMMs: ``tcemu.matmul``, ``tcemu.dot_general`` (a ``jax.lax.dot_general`` drop-in),
-``tcemu.einsum``, configured by ``tcemu.GemmConfig``. Studies: ``tcemu.probe`` (feature tests
+``tcemu.einsum``, configured by ``tcemu.GemmConfig``; ``tcemu.quantize`` and
+``tcemu.block_quantize`` (MX and NVFP4) round their inputs. Studies: ``tcemu.probe`` (feature tests
 of an MMA), ``tcemu.error_vs_k`` (accumulation error as dot products grow).
 """
 from tcemu._src.api import mma, ptx, regfile
@@ -12,6 +13,7 @@ from tcemu._src.gemm import GemmConfig, dot_general, einsum, matmul, quantize
 from tcemu._src.identify import NoMatch, identify
 from tcemu._src.library import library_config, library_versions
 from tcemu._src.arch import Arch
+from tcemu._src.blockscale import BlockQuantized, block_quantize
 from tcemu._src.memory import get_matrix, memory, put_matrix
 from tcemu._src.numerics.model import BlockFMA
 from tcemu._src.numerics.presets import ArchNumerics, numerics
@@ -21,6 +23,6 @@ from tcemu._src.studies import ErrorCurve, error_vs_k
 
 __version__ = "0.1.0"
 
-__all__ = ["Arch", "ArchNumerics", "BlockFMA", "ErrorCurve", "GemmConfig", "KSchedule", "NoMatch", "ProbeResult", "dot_general", "einsum",
+__all__ = ["Arch", "ArchNumerics", "BlockFMA", "BlockQuantized", "ErrorCurve", "GemmConfig", "KSchedule", "NoMatch", "ProbeResult", "block_quantize", "dot_general", "einsum",
            "error_vs_k", "get_matrix", "identify", "library_config", "library_versions", "matmul", "memory", "mma", "numerics", "probe", "ptx", "put_matrix",
            "quantize", "regfile"]

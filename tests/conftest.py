@@ -3,9 +3,12 @@ x64 modes the tests run under.
 
 ``TCEMU_X64`` selects them: ``1`` turns ``jax_enable_x64`` on for the whole session (to run any
 test file, or the entire suite, with x64 on); ``0`` leaves it off everywhere; unset (CI), it is off
-and the hardware-comparison modules (:data:`X64_MODULES`) run every test a second time with x64 on
-(test ids ``[x32-...]`` and ``[x64-...]``), so that the hardware suite is checked both ways
-(``-k x64`` selects the second run).
+and the modules :data:`X64_MODULES` run every test a second time with x64 on (test ids
+``[x32-...]`` and ``[x64-...]``; ``-k x64`` selects the second run). The other hardware modules
+(wmma.mma, mma.sync, signed zeros: most of CI's time if run twice) are covered with x64 on by
+tests/test_x64.py: every captured form's numerics traced under x64 hold no 64-bit value, and
+value and register level give the same bits both ways on representative forms of each kind.
+``TCEMU_X64=1`` runs them whole with x64 on.
 """
 from __future__ import annotations
 
@@ -23,11 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 X64_ENV = os.environ.get("TCEMU_X64")
 # Modules whose tests also run with x64 on when TCEMU_X64 is unset.
 # (test_engine_exact runs once: tests/test_x64.py covers every engine path with x64 on)
-X64_MODULES = ("test_wmma_mma_hw", "test_mma_sync_hw", "test_wgmma_hw", "test_peer_vectors", "test_signed_zeros_hw")
-# Tests of those modules that run once (CI time): wmma load -> mma -> store through memory for all
-# 134 forms; its numerics are those of the value-level test (run both ways) and its memory path is
-# checked with x64 on by tests/test_x64.py (test_wmma_register_level_through_memory_same_bits).
-X64_ONCE = {("test_wmma_mma_hw", "test_register_level_matches_h200")}
+X64_MODULES = ("test_wgmma_hw", "test_peer_vectors")
 
 
 def pytest_configure(config):
@@ -38,8 +37,7 @@ def pytest_configure(config):
 
 
 def pytest_generate_tests(metafunc):
-    name = (metafunc.module.__name__, metafunc.function.__name__)
-    if X64_ENV is None and name[0] in X64_MODULES and name not in X64_ONCE:
+    if X64_ENV is None and metafunc.module.__name__ in X64_MODULES:
         metafunc.parametrize("x64_mode", [False, True], ids=["x32", "x64"], indirect=True, scope="module")
 
 

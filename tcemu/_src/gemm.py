@@ -35,7 +35,7 @@ import numpy as np
 
 from tcemu._src import formats as fm
 from tcemu._src.arch import resolve
-from tcemu._src.isa.parse import Mma, parse
+from tcemu._src.isa.parse import Mma, Unsupported, parse
 from tcemu._src.numerics import engine
 from tcemu._src.numerics import mma as mma_numerics
 from tcemu._src.numerics.model import BlockFMA, choice_field, int_field, replace_fields
@@ -43,7 +43,8 @@ from tcemu._src.numerics.presets import check_model
 from tcemu._src.schedule import KSchedule
 
 K_ORDERS = ("sequential", "split_k", "promotion", "pairwise")
-QUANTIZE_FORMATS = ("f16", "bf16", "tf32", "e4m3", "e5m2")
+QUANTIZE_FORMATS = ("f16", "bf16", "tf32", "e4m3", "e5m2", "e3m2", "e2m3", "e2m1")
+_MX = ("e3m2", "e2m3", "e2m1")  # OCP MX fp6/fp4: no NaN, no infinity
 QUANTIZE_MODES = ("rne", "stochastic")
 
 
@@ -98,7 +99,10 @@ class GemmConfig:
         ins = self.ins
         if ins.family in ("int", "b1", "f64"):
             raise ValueError(f"{ins.spelling!r}: GEMM emulation takes floating-point instructions "
-                             "(f16, bf16, tf32, e4m3/e5m2)")
+                             "(f16, bf16, tf32, e4m3/e5m2, kind::f8f6f4)")
+        if ins.scale_vec is not None and self.quantize != "rne":
+            raise ValueError(f"{ins.spelling!r}: block-scaled GEMMs quantise with the MX/NVFP4 recipes "
+                             "(round to nearest even); quantize='stochastic' is not available for them")
         if ins.ctype != ins.dtype:
             raise ValueError(f"{ins.spelling!r}: chaining needs C and D of the same type")
         if self.schedule is None and self.promotion_interval % ins.k:
@@ -149,15 +153,21 @@ def _instruction(spelling: str) -> Mma:
 
 
 def quantize(x, etype: str, mode: str = "rne", key=None):
-    """Round values to the element format ``etype`` ("f16", "bf16", "tf32", "e4m3", "e5m2");
-    the result holds the quantised values in float32 (exact; NaN as 0x7FFFFFFF, or the canonical
-    tf32 NaN 0x7FFFE000). Inputs are converted to float32 first, so the bits do not depend on
-    ``jax_enable_x64``.
+    """Round values to the element format ``etype`` ("f16", "bf16", "tf32", "e4m3", "e5m2", and
+    the OCP MX fp6/fp4 "e3m2", "e2m3", "e2m1"); the result holds the quantised values in float32
+    (exact; NaN as 0x7FFFFFFF, or the canonical tf32 NaN 0x7FFFE000). Inputs are converted to
+    float32 first, so the bits do not depend on ``jax_enable_x64``.
 
     ``mode="rne"``: JAX's own round-to-nearest-even conversion (``astype``; tf32:
     ``jax.lax.reduce_precision`` to 10 fraction bits); e4m3 has no infinity, so its overflows
-    (above 464) and infinities become NaN. ``mode="stochastic"`` (needs ``key``): rounds up
-    with probability equal to the discarded fraction.
+    (above 464) and infinities become NaN. fp6/fp4 have neither: overflows and infinities
+    saturate to the largest finite value and NaN becomes -0, as ml_dtypes converts them (JAX
+    cannot hold fp6 arrays, so those are rounded in integers). ``mode="stochastic"`` (needs
+    ``key``): rounds up with probability equal to the discarded fraction.
+
+    >>> import tcemu
+    >>> tcemu.quantize([0.2, 2.5, 3.5, 100.0], "e2m1").tolist()
+    [0.0, 2.0, 4.0, 6.0]
     """
     if not isinstance(etype, str) or etype not in QUANTIZE_FORMATS:
         raise ValueError(f"quantize: unknown format {etype!r}; valid: {', '.join(QUANTIZE_FORMATS)}")
@@ -165,6 +175,8 @@ def quantize(x, etype: str, mode: str = "rne", key=None):
         raise ValueError(f"quantize: mode must be one of {', '.join(QUANTIZE_MODES)}, got {mode!r}")
     x = _real(x, "quantize", "x").astype(jnp.float32)
     fmt = fm.FORMATS[etype]
+    if etype in _MX:
+        return _quantize_mx_element(x, fmt, mode, key)
     if mode == "rne":
         if etype == "tf32":
             # float32 NaNs whose payload lies below the tf32 fraction would read as inf: canonical NaN
@@ -179,6 +191,22 @@ def quantize(x, etype: str, mode: str = "rne", key=None):
     if not fmt.has_inf:  # engine.convert maps infinities to S.1111.000 (256), e4m3's NaN is S.1111.111
         q = jnp.where(jnp.isinf(x), jnp.uint32(fmt.canonical_nan), q)
     return jax.lax.bitcast_convert_type(q, jnp.float32) if etype == "tf32" else _widen(q, fmt)
+
+
+def _quantize_mx_element(x, fmt, mode, key):
+    """fp6/fp4 rounding in integers: saturating, infinities to the largest finite value, NaN to -0."""
+    rand = None
+    if mode == "stochastic":
+        if mma_numerics.check_key(key, "quantize") is None:
+            raise ValueError("quantize: mode='stochastic' needs key=jax.random.key(...)")
+        rand = jax.random.bits(key, x.shape, jnp.uint32)
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    d = fm.decode(bits, fm.F32)
+    q = engine.convert(bits, fm.F32, fmt, mode, overflow="saturate", rand=rand)
+    top = jnp.uint32(((fmt.emax + fmt.bias) << fmt.fraction_bits) | fmt.max_fraction)
+    q = jnp.where(d.is_inf, jnp.where(d.sign != 0, jnp.uint32(fmt.sign_bit), 0) | top, q)
+    q = jnp.where(d.is_nan, jnp.uint32(fmt.sign_bit), q)
+    return _widen(q, fmt)
 
 
 def _f32(bits: int):
@@ -210,6 +238,9 @@ def _ste_jvp(primals, tangents):
 
 def _bits(x, etype):
     """float32 container of exactly representable values -> element bit patterns (uint32)."""
+    if etype in _MX:  # exact: the values are representable
+        return engine.convert(jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.float32), jnp.uint32), fm.F32,
+                              fm.FORMATS[etype], "rne", overflow="saturate")
     if etype == "tf32":
         return jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.float32), jnp.uint32)
     return fm.to_bits(jnp.asarray(x).astype(fm.VALUE_DTYPES[etype]), etype)
@@ -253,9 +284,22 @@ def _step_table(plan):
     return tbl.reshape(S, G, g), ok.reshape(S, G, g)
 
 
-def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None):
+def _check_block_aligned(plan, blk: int, where: str):
+    """Block-scaled GEMMs: every run of the K layout starts a scale block in the source and in
+    the laid-out K (so each instruction reads whole blocks)."""
+    pos = 0
+    for a, b in plan.runs():
+        length = b if a < 0 else b - a
+        if pos % blk or (a >= 0 and a % blk):
+            raise Unsupported(f"{where}: this K schedule cuts K across scale blocks of {blk}; block-scaled "
+                              "GEMMs take schedules whose k-tiles and slices start at multiples of the block")
+        pos += length
+
+
+def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None, scales=None):
     """Emulated (M, K) @ (K, N) on bit patterns of the instruction's input types, following
-    ``cfg.k_schedule``.
+    ``cfg.k_schedule``; block-scaled instructions take ``scales`` = (A's (M, K / block), B's
+    (K / block, N)) scale codes.
 
     Returns (D bits (M, N), format of D): the accumulator format when one chain of instructions
     makes D, float32 when partial results are added (slices, promotion).
@@ -270,6 +314,14 @@ def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None):
     A = _tiles(_lay_k(jnp.pad(a_bits, ((0, Mp - M), (0, 0))), plan, 1), m, k)  # (Mt, S*T, m, k)
     B = _tiles(_lay_k(jnp.pad(b_bits, ((0, 0), (0, Np - N))), plan, 0), k, n)  # (S*T, Nt, k, n)
     Mt, Kt, Nt = Mp // m, A.shape[1], Np // n
+    SA = SB = None
+    if scales is not None:  # laid out like the elements, one code per block of each instruction
+        blk = ins.scale_block
+        _check_block_aligned(plan, blk, repr(ins.spelling))
+        sa = jnp.repeat(scales[0], blk, axis=1)
+        sb = jnp.repeat(scales[1], blk, axis=0)
+        SA = _tiles(_lay_k(jnp.pad(sa, ((0, Mp - M), (0, 0))), plan, 1), m, k)[..., ::blk]  # (Mt, Kt, m, S)
+        SB = _tiles(_lay_k(jnp.pad(sb, ((0, 0), (0, Np - N))), plan, 0), k, n)[:, :, ::blk, :]  # (Kt, Nt, S, n)
     tbl, ok = _step_table(plan)
     masked = not ok.all()
     acc = fm.FORMATS[ins.dtype]
@@ -281,6 +333,8 @@ def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None):
     mc = min(mc, Mt)
     nblocks = -(-Mt // mc)
     A = jnp.pad(A, ((0, nblocks * mc - Mt), (0, 0), (0, 0), (0, 0))).reshape(nblocks, mc, Kt, m, k)
+    if SA is not None:
+        SA = jnp.pad(SA, ((0, nblocks * mc - Mt), (0, 0), (0, 0), (0, 0))).reshape(nblocks, mc, Kt, m, -1)
     zero = jnp.zeros((mc, Nt, m, n), jnp.uint32)
     if model.stochastic and key is None:
         raise ValueError("this model rounds stochastically: pass key=jax.random.key(...)")
@@ -291,14 +345,18 @@ def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None):
     def f32_add(x, y):
         return engine.add(x, y, fm.F32, "rne")
 
-    def block(blk, Ar, unroll=1):
+    def block(blk, Ar, SAr, unroll=1):
         def step(d, x):
             kt, run = x
             kt = jnp.maximum(kt, 0)
             a = jax.lax.dynamic_index_in_dim(Ar, kt, axis=1, keepdims=False)[:, None]  # (mc, 1, m, k)
             b = jax.lax.dynamic_index_in_dim(B, kt, axis=0, keepdims=False)[None]  # (1, Nt, k, n)
             kk = None if key is None else jax.random.fold_in(jax.random.fold_in(key, blk), kt)
-            out = mma_numerics.mma_bits(ins, a, b, d, model, arch=cfg.arch, key=kk)
+            sc = {}
+            if SAr is not None:
+                sc = dict(scale_a=jax.lax.dynamic_index_in_dim(SAr, kt, axis=1, keepdims=False)[:, None],
+                          scale_b=jax.lax.dynamic_index_in_dim(SB, kt, axis=0, keepdims=False)[None])
+            out = mma_numerics.mma_bits(ins, a, b, d, model, arch=cfg.arch, key=kk, **sc)
             return (jnp.where(run, out, d) if masked else out), None
 
         def chain(kts, runs):  # instructions kts from +0
@@ -325,17 +383,18 @@ def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None):
     # blocks per instruction (models with tiny blocks) that fusion takes minutes to compile.
     defer = -(-k // model.block_size) <= _DEFER_MAX_BLOCKS
 
-    def exact_or_fast(blk, Ar):
+    def exact_or_fast(blk, Ar, SAr=None):
         """The block without per-instruction special-value branches (engine.deferred_specials);
         computed again exactly only if that gives a NaN (a NaN/inf operand, an overflow, or an
         exact zero after a -0 accumulator): same bits, a third less time on GPUs."""
         if not defer:
-            return block(blk, Ar)
+            return block(blk, Ar, SAr)
         with engine.deferred_specials():
-            fast = block(blk, Ar, unroll=4 if engine.unroll_terms() else 1)
-        return jax.lax.cond(jnp.any(fm.decode(fast, out_fmt).is_nan), lambda: block(blk, Ar), lambda: fast)
+            fast = block(blk, Ar, SAr, unroll=4 if engine.unroll_terms() else 1)
+        return jax.lax.cond(jnp.any(fm.decode(fast, out_fmt).is_nan), lambda: block(blk, Ar, SAr), lambda: fast)
 
-    out = jax.lax.map(lambda x: exact_or_fast(*x), (jnp.arange(nblocks), A))  # (nblocks, mc, Nt, m, n)
+    xs = (jnp.arange(nblocks), A) + (() if SA is None else (SA,))
+    out = jax.lax.map(lambda x: exact_or_fast(*x), xs)  # (nblocks, mc, Nt, m, n)
     out = out.reshape(nblocks * mc, Nt, m, n)[:Mt].transpose(0, 2, 1, 3).reshape(Mp, Np)[:M, :N]
     return out, out_fmt
 
@@ -392,11 +451,65 @@ def _emulated(a, b, cfg: GemmConfig, key):
     return out.reshape(batch + out.shape[-2:])
 
 
+def _emulated_block(a, b, cfg: GemmConfig):
+    """Forward of a block-scaled GEMM on float32 inputs (..., M, K) @ (..., K, N) or (K, N):
+    quantised by the MX / NVFP4 recipe of the instruction's scale type (blockscale.py), the
+    emulated GEMM on the codes, the NVFP4 tensor scales applied to the float32 result as a GEMM
+    epilogue does (``D * (1 / s_a * 1 / s_b)``). Returns (result, dequantised a, dequantised b)."""
+    from tcemu._src.blockscale import block_quantize
+
+    ins = cfg.ins
+    blk = ins.scale_block
+    if a.shape[-1] % blk:
+        raise ValueError(f"{ins.spelling!r}: block-scaled GEMMs need K a multiple of the scale block {blk}, "
+                         f"got K={a.shape[-1]}")
+    qa = block_quantize(a, ins.atype, ins.stype, block=blk)
+    qb = block_quantize(jnp.swapaxes(b, -1, -2), ins.btype, ins.stype, block=blk)
+    A, SA = qa.element_codes, qa.scale_codes
+    Bc, SB = jnp.swapaxes(qb.element_codes, -1, -2), jnp.swapaxes(qb.scale_codes, -1, -2)
+    if b.ndim == 2:
+        lead = a.shape[:-1]
+        D, fmt = gemm_bits(A.reshape(-1, a.shape[-1]), Bc, cfg, None, (SA.reshape(-1, SA.shape[-1]), SB))
+        out = _widen(D, fmt).reshape(lead + (b.shape[1],))
+    else:
+        batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        flat = [jnp.broadcast_to(x, batch + x.shape[-2:]).reshape((-1,) + x.shape[-2:]) for x in (A, Bc, SA, SB)]
+
+        def one(x):
+            D, fmt = gemm_bits(x[0], x[1], cfg, None, (x[2], x[3]))
+            return _widen(D, fmt)
+
+        out = jax.lax.map(one, tuple(flat))
+        out = out.reshape(batch + out.shape[-2:])
+    alpha = (jnp.float32(1) / qa.tensor_scale) * (jnp.float32(1) / qb.tensor_scale)
+    deq_b = jnp.swapaxes(qb.dequantize(blk), -1, -2)
+    return out * alpha, qa.dequantize(blk), deq_b
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _mm_block(a, b, cfg):
+    return _emulated_block(a, b, cfg)[0]
+
+
+def _mm_block_fwd(a, b, cfg):
+    out, da, db = _emulated_block(a, b, cfg)
+    return out, (da, db)
+
+
+def _mm_block_bwd(cfg, res, g):  # straight through the quantisation: the dequantised operands
+    return _mm_bwd(cfg, res, g)[:2]
+
+
+_mm_block.defvjp(_mm_block_fwd, _mm_block_bwd)
+
+
 def _grad_matmul(x, y, cfg):
     """One backward GEMM: exact float32 (cfg None) or emulated with its own config."""
     if cfg is None:
         return jnp.matmul(x, y, precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
     ins = cfg.ins
+    if ins.scale_vec is not None:
+        return _emulated_block(x, y, cfg)[0]
     return _emulated(quantize(x, ins.atype), quantize(y, ins.btype), cfg, None)
 
 
@@ -471,6 +584,8 @@ def matmul(a, b, *, config: GemmConfig | None = None, key=None, **kwargs):
     if a.shape[-1] == 0 or 0 in out_shape:  # no products: D = +0, the chain's first C
         return jnp.zeros(out_shape, jnp.float32)
     ins = cfg.ins
+    if ins.scale_vec is not None:
+        return _mm_block(a.astype(jnp.float32), b.astype(jnp.float32), cfg)
     ka = kb = None
     if cfg.quantize == "stochastic":
         key, ka, kb = jax.random.split(key, 3)

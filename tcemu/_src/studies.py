@@ -24,7 +24,9 @@ from tcemu._src.isa.parse import parse
 from tcemu._src.numerics import engine
 
 DTYPES = {"f16": np.float16, "bf16": ml_dtypes.bfloat16, "tf32": np.float32,
-          "e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
+          "e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2,
+          "e3m2": ml_dtypes.float6_e3m2fn, "e2m3": ml_dtypes.float6_e2m3fn, "e2m1": ml_dtypes.float4_e2m1fn}
+_CODES = ("e3m2", "e2m3", "e2m1")  # passed to tcemu.mma as uint8 codes (JAX holds no fp6 arrays)
 DISTRIBUTIONS = ("uniform", "normal")
 # (input format, GPU preset, promotion interval or None): the comparison the demo and
 # experiments/published_findings.py draw
@@ -82,6 +84,11 @@ def default_instruction(arch, fmt: str) -> str:
             "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
     if fmt == "bf16":
         return "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+    if fmt in _CODES:
+        if sm != 120:
+            raise ValueError(f"fmt={fmt!r}: fp6/fp4 MMAs with a default instruction are sm_120's mma.sync "
+                             f"kind::f8f6f4 (arch='RTX5090'), not {resolve(arch)}")
+        return f"mma.sync.aligned.m16n8k32.row.col.kind::f8f6f4.f32.{fmt}.{fmt}.f32"
     if fmt == "tf32":
         return "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
     if sm == 90:  # e4m3, e5m2: Hopper FP8 GEMMs (cuBLAS, DeepGEMM) run wgmma
@@ -151,6 +158,10 @@ def error_vs_k(fmt: str = "f16", arch="H100", ks=tuple(2 ** i for i in range(4, 
     ``promotion_interval`` (a multiple of the instruction's K): every that many products the
     chain's partial sum is added into a float32 total with one RNE addition and the chain
     restarts from zero (DeepSeek-V3's fix for Hopper FP8 accumulation).
+
+    fp6/fp4 (``fmt`` "e3m2", "e2m3", "e2m1") run sm_120's ``kind::f8f6f4``; a block-scaled
+    ``instruction`` (``kind::mxf8f6f4``, ``mxf4``, ``mxf4nvf4``) gets random block scales near 1
+    (ue8m0 2**-1 .. 2**1, ue4m3 1 .. 1.875), which the float64 reference includes.
     """
     from tcemu._src.arch import resolve
     from tcemu._src.isa.parse import Mma
@@ -193,8 +204,21 @@ def error_vs_k(fmt: str = "f16", arch="H100", ks=tuple(2 ** i for i in range(4, 
     tiles = -(-outputs // (ins.m * ins.n))  # whole tiles; the statistics use the first ``outputs`` results
     a = sample(fmt, (tiles, ins.m, ks[-1]), dist, seed)
     b = sample(fmt, (tiles, ks[-1], ins.n), dist, seed + 1)
-    a_s = jnp.asarray(a.reshape(tiles, ins.m, steps, ins.k).transpose(2, 0, 1, 3))  # (steps, T, m, k)
-    b_s = jnp.asarray(b.reshape(tiles, steps, ins.k, ins.n).transpose(1, 0, 2, 3))
+    enc = (lambda x: x.view(np.uint8)) if fmt in _CODES else (lambda x: x)  # noqa: E731
+    a_s = jnp.asarray(enc(a).reshape(tiles, ins.m, steps, ins.k).transpose(2, 0, 1, 3))  # (steps, T, m, k)
+    b_s = jnp.asarray(enc(b).reshape(tiles, steps, ins.k, ins.n).transpose(1, 0, 2, 3))
+    S = ins.scale_vec or 1
+    rng = np.random.default_rng(seed + 2)
+    if ins.stype == "ue8m0":
+        sa, sb = (rng.integers(126, 129, shape).astype(np.uint8) for shape in ((tiles, ins.m, steps * S),
+                                                                               (tiles, steps * S, ins.n)))
+        val = lambda c: 2.0 ** (c.astype(np.float64) - 127)  # noqa: E731
+    else:
+        sa, sb = (rng.integers(0x38, 0x40, shape).astype(np.uint8) for shape in ((tiles, ins.m, steps * S),
+                                                                                 (tiles, steps * S, ins.n)))
+        val = lambda c: c.view(ml_dtypes.float8_e4m3fn).astype(np.float64)  # noqa: E731
+    sa_s = jnp.asarray(sa.reshape(tiles, ins.m, steps, S).transpose(2, 0, 1, 3))
+    sb_s = jnp.asarray(sb.reshape(tiles, steps, S, ins.n).transpose(1, 0, 2, 3))
 
     from tcemu._src.api import mma
 
@@ -203,23 +227,28 @@ def error_vs_k(fmt: str = "f16", arch="H100", ks=tuple(2 ** i for i in range(4, 
         return jax.lax.bitcast_convert_type(bits, jnp.float32)
 
     @jax.jit
-    def run(a_s, b_s):
+    def run(a_s, b_s, sa_s, sb_s):
         zero = jnp.zeros((tiles, ins.m, ins.n), jnp.float32)
 
         def step(carry, x):
             d, total, i = carry
-            d = mma(sp, x[0], x[1], d, arch=arch, model=model)
+            sc = dict(scale_a=x[2], scale_b=x[3]) if ins.scale_vec else {}
+            d = mma(sp, x[0], x[1], d, arch=arch, model=model, **sc)
             if g is None:
                 return (d, total, i + 1), d
             out = f32_add(total, d)
             done = (i + 1) % g == 0
             return (jnp.where(done, zero, d), jnp.where(done, out, total), i + 1), out
 
-        return jax.lax.scan(step, (zero, zero, jnp.int32(0)), (a_s, b_s))[1]
+        return jax.lax.scan(step, (zero, zero, jnp.int32(0)), (a_s, b_s, sa_s, sb_s))[1]
 
-    got = np.asarray(run(a_s, b_s), np.float64)  # (steps, T, m, n)
-    parts = np.einsum("tmsk,tskn->stmn", a.astype(np.float64).reshape(tiles, ins.m, steps, ins.k),
-                      b.astype(np.float64).reshape(tiles, steps, ins.k, ins.n))
+    got = np.asarray(run(a_s, b_s, sa_s, sb_s), np.float64)  # (steps, T, m, n)
+    av, bv = a.astype(np.float64), b.astype(np.float64)
+    if ins.scale_vec:
+        blk = ins.scale_block
+        av = av * np.repeat(val(sa), blk, axis=2)
+        bv = bv * np.repeat(val(sb), blk, axis=1)
+    parts = np.einsum("tmsk,tskn->stmn", av.reshape(tiles, ins.m, steps, ins.k), bv.reshape(tiles, steps, ins.k, ins.n))
     ref = np.cumsum(parts, axis=0)
     mx, mn = [], []
     for k in ks:

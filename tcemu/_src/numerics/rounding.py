@@ -71,7 +71,8 @@ def round_pack(sign, hi, lo, q, fmt: FloatFormat, mode: str, *, overflow: str = 
 
     ``overflow="inf"`` returns infinity whenever the rounded exponent exceeds the format's range
     (what NVIDIA tensor cores do even when rounding toward zero); ``"ieee"`` follows IEEE 754
-    (RZ/RD/RU saturate to the largest finite value in the directions they round toward zero).
+    (RZ/RD/RU saturate to the largest finite value in the directions they round toward zero);
+    ``"saturate"`` always gives the largest finite value (formats without infinities, fp6/fp4).
     A zero magnitude gives a zero with the given sign.
     """
     _check_mode(mode, rand)
@@ -148,7 +149,9 @@ def _finish(sign, x, n, rbit, sticky, frac, nonzero, fmt: FloatFormat, mode, ove
         inf = sbit | _U(((1 << fmt.exponent_bits) - 1) << p)
         maxf = sbit | _U((((fmt.emax + fmt.bias) << p) | fmt.max_fraction))
         big = jnp.where(to_inf, inf, maxf)
+    elif overflow == "saturate":  # the largest finite value of the sign (OCP MX conversions to fp6/fp4)
+        big = sbit | _U((((fmt.emax + fmt.bias) << p) | fmt.max_fraction))
     else:
-        raise ValueError(f"overflow must be 'inf' or 'ieee', got {overflow!r}")
+        raise ValueError(f"overflow must be 'inf', 'ieee' or 'saturate', got {overflow!r}")
     body = jnp.where(too_big, big, body)
     return body << fmt.shift
