@@ -49,7 +49,7 @@ GROUPED = [presets.MXF4, presets.MXF4.replace(fraction_bits=20), presets.MXF4.re
            presets.MXF4.replace(zero_exponent=-126, rounding="rd")]
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mi=st.integers(0, len(GROUPED) - 1), stype=st.sampled_from(["ue8m0", "ue4m3"]), block=st.sampled_from([16, 32]),
        extreme=st.booleans(), seed=st.integers(0, 2 ** 31 - 1))
 def test_grouped_fp4_equals_exact(mi, stype, block, extreme, seed):
@@ -81,7 +81,7 @@ def test_grouped_fp4_equals_exact(mi, stype, block, extreme, seed):
         assert int(got[i]) == X.to_bits(want, "f32"), (i, hex(int(got[i])), want)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(a=st.sampled_from(F8F6F4), b=st.sampled_from(F8F6F4), scaled=st.booleans(), extreme=st.booleans(),
        F=st.sampled_from([25, 13, 28]), L=st.sampled_from([32, 8]), seed=st.integers(0, 2 ** 31 - 1))
 def test_f8f6f4_equals_exact(a, b, scaled, extreme, F, L, seed):

@@ -35,7 +35,7 @@ MODELS = [
 FORMATS = {"f16": fm.F16, "bf16": fm.BF16, "tf32": fm.TF32, "e4m3": fm.E4M3, "e5m2": fm.E5M2}
 
 
-@settings(max_examples=24, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mi=st.integers(0, len(MODELS) - 1), fmt=st.sampled_from(sorted(FORMATS)), acc=st.sampled_from(["f32", "f16"]),
        spread=st.booleans(), seed=st.integers(0, 2 ** 31 - 1), path=st.sampled_from(["default", "int-unrolled"]))
 def test_engine_equals_exact_rational_model(mi, fmt, acc, spread, seed, path):
