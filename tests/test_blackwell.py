@@ -427,3 +427,28 @@ def test_error_vs_k_fp4_fp6_and_block_scaled():
     assert r.max_rel[0] == 0.0 and 0 < r.max_rel[1] < 1e-5
     with pytest.raises(ValueError, match="kind::f8f6f4"):
         tcemu.error_vs_k("e2m3", "H100", ks=(32,))
+
+
+NV_UE8 = "mma.sync.aligned.m16n8k64.row.col.kind::mxf4nvf4.block_scale.scale_vec::4X.f32.e2m1.e2m1.f32.ue8m0"
+
+
+@pytest.mark.parametrize("model,want", [
+    (None, dict(fraction_bits=35, accumulator_bits=23, block_size=64, rounding="rz")),  # the preset
+    (presets.MXF4.replace(fraction_bits=30, rounding="rd"), dict(fraction_bits=30, block_size=64, rounding="rd")),
+    (presets.MXF4.replace(fraction_bits=28, rounding="rne", block_size=32), dict(fraction_bits=28, block_size=None,
+                                                                                rounding="rne"))])
+def test_probe_block_scaled_fp4_through_scales(model, want):
+    """probe recovers the grouped alignment's fraction bits, the fused block (in scale blocks; None
+    when it ends before the third) and the rounding of a model it is not told."""
+    sp = NV_UE8 if model is not None else NV_UE8.replace("ue8m0", "ue4m3")
+    r = tcemu.probe("RTX5090", instruction=sp, model=model)
+    assert {k: getattr(r, k) for k in want} == want and r.subnormal_inputs and r.subnormal_outputs
+    from tcemu._src.probe import expected
+
+    m = model or presets.MXF4
+    assert all(getattr(r, k) == v for k, v in expected(m, sp).items())  # what the CLI compares with
+
+
+def test_probe_fp6_fp4_without_scales_is_refused():
+    with pytest.raises(ValueError, match="fp6/fp4 inputs cannot form"):
+        tcemu.probe("RTX5090", instruction=SPELL["f8f6f4"].format(a="e2m1", b="e2m1", d="f32"))

@@ -35,7 +35,7 @@ PRESET_CASES = [
     ("B200", "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"),
     ("B200", "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"),
     ("B200", "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"),
-    ("RTX5090", "mma.sync.aligned.m16n8k32.row.col.kind::f8f6f4.f32.e4m3.e5m2.f32"),
+    ("RTX5090", "mma.sync.aligned.m16n8k32.row.col.kind::mxf8f6f4.block_scale.scale_vec::1X.f32.e4m3.e5m2.f32.ue8m0"),
 ]
 
 

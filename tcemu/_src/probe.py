@@ -39,6 +39,8 @@ from tcemu._src.isa.parse import Mma, parse
 from tcemu._src.studies import DTYPES, check_choice, check_int, default_instruction
 
 _MIN_SUB = {"f16": -24, "bf16": -133, "tf32": -136, "e4m3": -9, "e5m2": -16}
+_FP6_FP4 = ("e3m2", "e2m3", "e2m1")
+_UNIT_SCALE = {"ue8m0": 127, "ue4m3": 0x38}  # 1.0
 _MAX_EXP = 40  # largest j / k tried
 ROUNDINGS = ("rz", "rne", "rna", "ru", "rd", "undetermined")
 
@@ -119,12 +121,12 @@ class _Box:
             check_arch(self.ins, arch)
             resolve_model(self.ins, model, arch)  # the preset or model=, or an error naming model=
 
-            def mma(sp, a, b, c):
-                return emulated(sp, a, b, c, arch=arch, model=model)
+            def mma(sp, a, b, c, **scales):
+                return emulated(sp, a, b, c, arch=arch, model=model, **scales)
 
         self.spelling, self.mma = spelling, mma
         self.fmts = (self.ins.atype, self.ins.btype)
-        self.min_sub = max(_MIN_SUB[f] for f in self.fmts)  # smallest subnormal in both formats
+        self.min_sub = max(_MIN_SUB.get(f, 0) for f in self.fmts)  # smallest subnormal in both formats
 
     def value(self, x):
         """Is x exactly representable in the input format? Returns the float (raises if not)."""
@@ -138,8 +140,16 @@ class _Box:
         lo, hi = exp // 2, exp - exp // 2
         return self.value(2.0 ** hi), self.value(2.0 ** lo)
 
-    def run(self, cases):
-        """cases: list of (dict position -> (a, b), c). Returns float64 results."""
+    def scale_code(self, e: int) -> int:
+        """The scale code of 2**e (ue8m0: -127..127; ue4m3: -9..8)."""
+        if self.ins.stype == "ue8m0":
+            return e + 127
+        return int(np.asarray(2.0 ** e, np.float32).astype(DTYPES["e4m3"]).view(np.uint8))
+
+    def run(self, cases, scales=None):
+        """cases: list of (dict position -> (a, b), c). Returns float64 results. Block-scaled
+        instructions take ``scales``: per case, a dict scale block -> (exponent of A's scale, of
+        B's scale) for the row and column used (other blocks: 1.0)."""
         K = self.ins.k
         n = max(max(p for p in pos) for pos, _ in cases) + 1
         steps = -(-n // K)
@@ -153,9 +163,21 @@ class _Box:
         d = np.zeros((B, self.ins.m, self.ins.n), np.float32)
         d[:, 0, 0] = [c for _, c in cases]
         dta, dtb = DTYPES[self.fmts[0]], DTYPES[self.fmts[1]]
+        S = self.ins.scale_vec
+        if S:
+            SA = np.full((B, steps, self.ins.m, S), _UNIT_SCALE[self.ins.stype], np.uint8)
+            SB = np.full((B, steps, S, self.ins.n), _UNIT_SCALE[self.ins.stype], np.uint8)
+            for i, sc in enumerate(scales or [{}] * B):
+                for blk, (ea, eb) in sc.items():
+                    SA[i, blk // S, 0, blk % S] = self.scale_code(ea)
+                    SB[i, blk // S, blk % S, 0] = self.scale_code(eb)
         d = jnp.asarray(d)
         for s in range(steps):
-            d = self.mma(self.spelling, jnp.asarray(A[:, s].astype(dta)), jnp.asarray(Bm[:, s].astype(dtb)), d)
+            a, b = A[:, s].astype(dta), Bm[:, s].astype(dtb)
+            if S:  # fp6 as numpy (JAX holds none); scale codes as uint8
+                d = self.mma(self.spelling, a, b, d, scale_a=SA[:, s], scale_b=SB[:, s])
+            else:
+                d = self.mma(self.spelling, jnp.asarray(a), jnp.asarray(b), d)
             shape, dtype = getattr(d, "shape", None), getattr(d, "dtype", None)
             if shape is None or tuple(shape) != (B, self.ins.m, self.ins.n) or dtype != np.float32:
                 raise ValueError(f"the mma function returned {type(d).__name__} shape={shape} dtype={dtype} for "
@@ -173,7 +195,17 @@ def probe(arch="H100", fmt: str | None = None, *, instruction=None, model=None, 
     ``mma``: any function ``mma(spelling, a, b, c) -> d`` with the value-level signature of
     :func:`tcemu.mma` (typed, batched arrays) to probe instead of the emulator, for example one
     that runs the instruction on a GPU (``experiments/hardware/probe_hw.py``); it must return D as
-    a float32 array of shape (batch, M, N).
+    a float32 array of shape (batch, M, N). Block-scaled instructions also pass ``scale_a=`` and
+    ``scale_b=`` (uint8 codes).
+
+    Block-scaled fp4 (``kind::mxf4``, ``kind::mxf4nvf4``) are measured through their scale factors:
+    a group at scale 2**e0 cancelled by C and a product 1/4 in the next scale block at 2**(e0 - j)
+    survive while j <= F - 2 (``fraction_bits`` F of the grouped alignment, 35 in [MS25]); X in
+    the first scale block, a small s in the second and -X in a later one tell the fused block in
+    units of scale blocks; quarter and half ulps of C = 2**6 brought by scaled products tell the
+    rounding. fp6/fp4 elements without such scales cannot form the products the feature tests
+    need (a ValueError says so); ``kind::mxf8f6f4`` with fp8 elements runs the usual tests with
+    unit scales.
     """
     from tcemu._src.numerics.presets import check_model
 
@@ -193,6 +225,12 @@ def probe(arch="H100", fmt: str | None = None, *, instruction=None, model=None, 
     box = _Box(sp, arch, model, mma)
     if fmt is not None and box.ins.atype != fmt:
         raise ValueError(f"fmt={fmt!r} disagrees with the instruction: {sp!r} takes {box.ins.atype} inputs")
+    if box.ins.family == "mxf4" and box.ins.scale_vec >= 2:
+        return _probe_grouped(box, sp)
+    if set(box.fmts) & set(_FP6_FP4):
+        raise ValueError(f"{sp!r}: probe's feature tests need products spanning 2**40, which fp6/fp4 inputs "
+                         "cannot form without block scales; block-scaled fp4 (kind::mxf4, kind::mxf4nvf4) is "
+                         "probed through its scale factors")
     e1 = 14 if "e4m3" in box.fmts else 16  # X = 2**e1, a product of two normal numbers
     X = box.pair(e1)
     negX = (-X[0], X[1])
@@ -288,9 +326,62 @@ def probe(arch="H100", fmt: str | None = None, *, instruction=None, model=None, 
     return ProbeResult(sp, F, acc_bits, L, order, rounding, normalized, addend, subnormal_inputs, subnormal_outputs)
 
 
+def _probe_grouped(box: _Box, sp: str) -> ProbeResult:
+    """The scale-factor tests of block-scaled fp4 (see :func:`probe`)."""
+    ins, blk = box.ins, box.ins.scale_block
+    ue8 = ins.stype == "ue8m0"
+    lo, hi = (-60, 60) if ue8 else (-9, 8)  # exponents a single scale factor reaches
+    one, quarter = (1.0, 1.0), (0.5, 0.5)
+    # F: 1 * 2**e0 in block 0, C = -2**e0, 1/4 * 2**(e0 - j) in block 1
+    e0 = 2 * hi
+    js = [j for j in range(1, _MAX_EXP + 1) if e0 - j >= 2 * lo]
+    cases = [({0: one, blk: quarter}, -(2.0 ** e0)) for _ in js]
+    scales = [{0: (hi, hi), 1: ((e0 - j) // 2, e0 - j - (e0 - j) // 2)} for j in js]
+    kept = box.run(cases, scales) == np.array([2.0 ** (e0 - j - 2) for j in js])
+    j_max = max([j for j, k in zip(js, kept) if k], default=0)
+    F = None if j_max == js[-1] else j_max + 2
+    # accumulator: 2**6 + 2**(6 - k) exact after rounding for k up to its fraction bits
+    ks = list(range(1, 25))
+    acc = box.run([({0: one}, 2.0 ** 6) for _ in ks], [{0: ((6 - k) // 2, 6 - k - (6 - k) // 2)} for k in ks])
+    ok = [k for k, v in zip(ks, acc) if v == 2.0 ** 6 + 2.0 ** (6 - k)]
+    acc_bits = max(ok) if ok and max(ok) < ks[-1] else None
+    # rounding: 2**6 +- 0.25, 0.5, 0.75 ulps (products 0.5, 1, 1.5 at scale 2**(5 - acc - 1))
+    rounding = "undetermined"
+    if acc_bits is not None and F is not None and F >= acc_bits + 3:
+        e = 6 - acc_bits - 1
+        sc = {0: (e // 2, e - e // 2)}
+        cases = [({0: (sign * x, 1.0)}, sign * 2.0 ** 6) for sign in (1.0, -1.0) for x in (0.5, 1.0, 1.5)]
+        got = box.run(cases, [sc] * len(cases))
+        ulps = tuple(np.round((np.abs(got) - 2.0 ** 6) / 2.0 ** (6 - acc_bits)).astype(int))
+        table = {"rz": (0, 0, 0, 0, 0, 0), "rne": (0, 0, 1, 0, 0, 1), "rna": (0, 1, 1, 0, 1, 1),
+                 "ru": (1, 1, 1, 0, 0, 0), "rd": (0, 0, 0, 1, 1, 1)}
+        rounding = next((name for name, t in table.items() if t == ulps), "undetermined")
+    # fused block, in scale blocks: 2**e0 in block 0, s = 2**(e0 - 25) in block 1 (kept by the
+    # alignment, lost when rounded into the binary32 accumulator), -2**e0 in block p
+    L = None
+    nblk = ins.k // blk
+    if F is not None and F >= 27 and acc_bits is not None and acc_bits < 25 and nblk > 2:
+        e1 = e0 - 27
+        cases = [({0: one, blk: quarter, p * blk: (-1.0, 1.0)}, 0.0) for p in range(2, nblk)]
+        scales = [{0: (hi, hi), 1: (e1 // 2, e1 - e1 // 2), p: (hi, hi)} for p in range(2, nblk)]
+        same = box.run(cases, scales) == 2.0 ** (e1 - 2)
+        fused = [p for p, v in zip(range(2, nblk), same) if v]
+        L = blk * (max(fused) + 1) if fused == list(range(2, 2 + len(fused))) and fused else None
+    r = box.run([({0: (0.5, 1.0)}, 0.0), ({0: (0.0, 0.0)}, float(np.float32(2.0 ** -130)))])
+    return ProbeResult(sp, F, acc_bits, L, None, rounding, None, None, bool(r[0] == 0.5), bool(r[1] == 2.0 ** -130))
+
+
 def expected(model, instruction: str) -> dict:
     """What :func:`probe` should find for a :class:`tcemu.BlockFMA` on an instruction."""
     ins = parse(instruction)
+    if model.scale_group is not None:  # through the scales: what _probe_grouped can tell
+        blk, L = ins.scale_block, min(model.block_size, ins.k)
+        F = model.fraction_bits
+        return {"fraction_bits": F, "accumulator_bits": model.accumulator_fraction_bits,
+                "block_size": L if ins.k // blk > 2 and L >= 3 * blk and F >= 27 else None, "block_order": None,
+                "rounding": model.rounding if F >= model.accumulator_fraction_bits + 3 else "undetermined",
+                "normalized_products": None, "addend": None,
+                "subnormal_inputs": model.subnormal_inputs, "subnormal_outputs": model.subnormal_outputs}
     L = min(model.block_size, ins.k) if model.block_order is None else model.block_size
     order = None
     if model.block_order is not None:
