@@ -10,6 +10,7 @@ from tcemu._src.arch import resolve
 from tcemu._src.numerics.mma import check_key
 from tcemu._src.isa import parse as P
 from tcemu._src.isa import wmma as W
+from tcemu._src.numerics import engine
 from tcemu._src.numerics import mma as mma_numerics
 from tcemu._src.numerics.presets import check_model
 
@@ -72,20 +73,15 @@ def _check_model(ins, model):
 _INT_RANGE = {"s4": (-8, 7), "u4": (0, 15), "b1": (0, 1)}
 
 
-# fp4 magnitudes by code (e2m1: 0, 0.5, 1, 1.5, 2, 3, 4, 6), to encode traced float4 arrays
-_E2M1_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float32)
-
-
-def _codes(x, etype, name, spelling, dtypes):
-    """fp6/fp4 elements and scale factors: an ml_dtypes array of one of ``dtypes`` (numpy for
-    fp6, which JAX cannot hold) or uint8 codes -> uint32 codes."""
+def _codes(x, etype, name, spelling):
+    """fp6/fp4 elements and scale factors: an ml_dtypes array of ``etype``'s value dtype (numpy
+    for fp6, which JAX cannot hold) or uint8 codes -> uint32 codes."""
     bits = {"e3m2": 6, "e2m3": 6, "e2m1": 4}.get(etype, 8)
     dt = getattr(x, "dtype", None)
-    if dt is not None and any(dt == np.dtype(d) for d in dtypes):
-        if isinstance(x, jax.core.Tracer):  # float4 under jit: encode from the values
-            v = x.astype(jnp.float32)
-            mag = jnp.argmin(jnp.abs(jnp.abs(v)[..., None] - _E2M1_VALUES), axis=-1)
-            return (mag | jnp.where(jnp.signbit(v), 8, 0)).astype(jnp.uint32)
+    want = np.dtype(fm.VALUE_DTYPES[etype])
+    if dt == want:
+        if isinstance(x, jax.core.Tracer):  # under jit; float4 bitcasts packed, so from its values
+            return engine.encode(x.astype(jnp.float32), fm.E2M1) if etype == "e2m1" else fm.to_bits(x, etype)
         return jnp.asarray(np.asarray(x).view(np.uint8)).astype(jnp.uint32)
     if dt == np.uint8:
         if not isinstance(x, jax.core.Tracer):
@@ -93,14 +89,13 @@ def _codes(x, etype, name, spelling, dtypes):
             if v.size and v.max() >= 1 << bits:
                 raise ValueError(f"{spelling}: {name} holds .{etype} codes above {(1 << bits) - 1} (max {v.max()})")
         return jnp.asarray(x).astype(jnp.uint32) & ((1 << bits) - 1)
-    names = " or ".join([np.dtype(d).name for d in dtypes] + ["uint8 (codes)"])
-    raise TypeError(f"{spelling}: {name} must have dtype {names} for .{etype}, got {dt}")
+    raise TypeError(f"{spelling}: {name} must have dtype {want.name} or uint8 (codes) for .{etype}, got {dt}")
 
 
 def _operand(x, etype, name, spelling):
     """Typed array -> engine encoding, checking the dtype (and the range of s4/u4/b1 values)."""
     if etype in ("e3m2", "e2m3", "e2m1"):
-        return _codes(x, etype, name, spelling, [fm.VALUE_DTYPES[etype]])
+        return _codes(x, etype, name, spelling)
     x = jnp.asarray(x)
     want = {"f16": [jnp.float16], "bf16": [jnp.bfloat16], "tf32": [jnp.float32], "f32": [jnp.float32],
             "f64": [jnp.float64], "e4m3": [fm.VALUE_DTYPES["e4m3"]], "e5m2": [fm.VALUE_DTYPES["e5m2"]],
@@ -251,7 +246,7 @@ def _scales(ins, spelling, scale_a, scale_b, batch):
                              f"(one .{ins.stype} per {ins.scale_block} elements of K)")
         if jnp.ndim(x) < 2 or tuple(jnp.shape(x)[-2:]) != shape:
             raise ValueError(f"{spelling}: {name} must have shape (..., {shape[0]}, {shape[1]}), got {jnp.shape(x)}")
-        codes = _codes(x, ins.stype, name, spelling, [fm.VALUE_DTYPES[ins.stype]])
+        codes = _codes(x, ins.stype, name, spelling)
         out.append(jnp.broadcast_to(codes, batch + shape))
     return tuple(out)
 

@@ -239,8 +239,7 @@ def _ste_jvp(primals, tangents):
 def _bits(x, etype):
     """float32 container of exactly representable values -> element bit patterns (uint32)."""
     if etype in _MX:  # exact: the values are representable
-        return engine.convert(jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.float32), jnp.uint32), fm.F32,
-                              fm.FORMATS[etype], "rne", overflow="saturate")
+        return engine.encode(x, fm.FORMATS[etype])
     if etype == "tf32":
         return jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.float32), jnp.uint32)
     return fm.to_bits(jnp.asarray(x).astype(fm.VALUE_DTYPES[etype]), etype)

@@ -306,12 +306,16 @@ class MmaRegs(Instruction):
         D = D.reshape(self.fd.rows, self.fd.cols)
         return regs.at[:, list(d)].set(matrix_to_fragment(_from_numeric(D, ins.dtype), self.fd))
 
-    def __call__(self, regs, *, d, a, b, c, key=None):
+    def _checked(self, regs, key, d, a, b, c):
+        """(regs, key, fragment register indices) validated."""
         regs = check_regs(self.spelling, regs)
         key = check_key(key, self.spelling)
         given = {"d": d, "a": a, "b": b, "c": c}
         frags = {"d": self.fd, "a": self.fa, "b": self.fb, "c": self.fc}
-        args = {n: register_indices(self.spelling, n, given[n], frags[n].nregs, regs.shape[1]) for n in given}
+        return regs, key, {n: register_indices(self.spelling, n, given[n], frags[n].nregs, regs.shape[1]) for n in given}
+
+    def __call__(self, regs, *, d, a, b, c, key=None):
+        regs, key, args = self._checked(regs, key, d, a, b, c)
         if self.ins.family == "f64":
             from tcemu._src.numerics.fma64 import require_x64
 
@@ -354,11 +358,7 @@ class MmaBlockScaleRegs(MmaRegs):
 
     def __call__(self, regs, *, d, a, b, c, scale_a, scale_b, byte_id_a=0, thread_id_a=0, byte_id_b=0,
                  thread_id_b=0, key=None):
-        regs = check_regs(self.spelling, regs)
-        key = check_key(key, self.spelling)
-        given = {"d": d, "a": a, "b": b, "c": c}
-        frags = {"d": self.fd, "a": self.fa, "b": self.fb, "c": self.fc}
-        args = {n: register_indices(self.spelling, n, given[n], frags[n].nregs, regs.shape[1]) for n in given}
+        regs, key, args = self._checked(regs, key, d, a, b, c)
         regs_s = [register_indices(self.spelling, n, [v] if _register_index(v) is not None else v, 1, regs.shape[1])[0]
                   for n, v in (("scale_a", scale_a), ("scale_b", scale_b))]
         S = self.ins.scale_vec

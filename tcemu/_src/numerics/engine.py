@@ -292,6 +292,13 @@ def convert(bits, src: fm.FloatFormat, dst: fm.FloatFormat, mode: str = "rne", *
     return jnp.where(d.is_nan, jnp.uint32(dst.canonical_nan), out)
 
 
+def encode(values, fmt: fm.FloatFormat):
+    """Bit patterns (uint32) of float32 values exactly representable in ``fmt``, in integers
+    (also fp6, which JAX cannot hold as an array type)."""
+    bits = jax.lax.bitcast_convert_type(jnp.asarray(values, jnp.float32), jnp.uint32)
+    return convert(bits, fm.F32, fmt, "rne", overflow="saturate")
+
+
 def _order(K: int, model: BlockFMA):
     """The permutation of an instruction's K products given by ``model.block_order``: the pattern
     applied to every P consecutive k, or restricted to k < K when K < P."""
