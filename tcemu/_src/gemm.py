@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tcemu._src import formats as fm
+from tcemu._src import native
 from tcemu._src.arch import resolve
 from tcemu._src.isa.parse import Mma, Unsupported, parse
 from tcemu._src.numerics import engine
@@ -305,9 +306,93 @@ def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None, scales=None):
     """
     ins = cfg.ins
     model = mma_numerics.resolve_model(ins, cfg.model, resolve(cfg.arch))
+    plan = cfg.k_schedule.plan(a_bits.shape[1], ins.k)
+    if scales is not None:
+        _check_block_aligned(plan, ins.scale_block, repr(ins.spelling))
+    if not _native_ok(ins, model, plan, key):
+        return _xla_gemm(a_bits, b_bits, cfg, ins, model, plan, key, scales)
+    fast, out_fmt = _native_gemm(a_bits, b_bits, ins, model, plan, scales)
+    # an output with a NaN/inf operand or a NaN scale is NaN on the kernel: recompute exactly
+    return jax.lax.cond(jnp.any(fm.decode(fast, out_fmt).is_nan),
+                        lambda: _xla_gemm(a_bits, b_bits, cfg, ins, model, plan, key, scales)[0],
+                        lambda: fast), out_fmt
+
+
+def _native_ok(ins: Mma, model, plan, key) -> bool:
+    """Whether the compiled CPU kernel (tcemu/_src/native) runs this GEMM: f32 accumulation and a
+    model it covers."""
+    if ins.dtype != "f32" or model.stochastic:
+        return False
+    return native.use(model, fm.FORMATS[ins.atype], fm.FORMATS[ins.btype], ins.k, "f32")
+
+
+def _combine(chains, plan, acc):
+    """D from the accumulator bits of every chain (S, G, M, N): promotion groups added into
+    float32, then the slices' partials reduced as the schedule says."""
+    sched = plan.schedule
+
+    def to_f32(bits):
+        return _f32_bits(bits, acc)
+
+    def f32_add(x, y):
+        return engine.add(x, y, fm.F32, "rne")
+
+    if plan.group:
+        parts = jax.lax.scan(lambda t, x: (f32_add(t, to_f32(x)), None), jnp.zeros_like(chains[:, 0]),
+                             jnp.swapaxes(chains, 0, 1))[0]
+    else:
+        parts = chains[:, 0]
+    if plan.slices == 1:
+        return parts[0]
+    parts = parts if plan.group else to_f32(parts)
+    if sched.partials != "f32":
+        low = fm.FORMATS[sched.partials]
+        parts = engine.convert(engine.convert(parts, fm.F32, low, "rne"), low, fm.F32)
+    return _fold(parts, f32_add) if sched.reduction == "sequential" else _pairwise(parts, f32_add)
+
+
+def _native_gemm(a_bits, b_bits, ins: Mma, model, plan, scales):
+    """The GEMM on the compiled CPU kernel: every chain of the plan at once, then :func:`_combine`."""
+    afmt, bfmt = fm.FORMATS[ins.atype], fm.FORMATS[ins.btype]
+    A, B = _lay_k(jnp.asarray(a_bits), plan, 1), _lay_k(jnp.asarray(b_bits), plan, 0)
+    a_exp = b_exp = nan = None
+    if scales is not None:  # ue8m0 exponents added to the elements' (kind::mxf8f6f4)
+        blk = ins.scale_block
+        sa = fm.decode_scale(_lay_k(jnp.repeat(scales[0], blk, axis=1), plan, 1), ins.stype)
+        sb = fm.decode_scale(_lay_k(jnp.repeat(scales[1], blk, axis=0), plan, 0), ins.stype)
+        a_exp, b_exp = sa.exp, sb.exp
+        nan = jnp.any(sa.is_nan, axis=1)[:, None] | jnp.any(sb.is_nan, axis=0)[None, :]
+    # chains: every slice's promotion groups of g instructions (the last one padded), each running
+    # its valid instructions
+    S, T, k = plan.slices, plan.steps, ins.k
+    g = plan.group or T
+    G = -(-T // g)
+
+    def groups(x, axis):  # (.., S*T*k, ..) -> (.., S*G*g*k, ..)
+        shape = x.shape[:axis] + (S, T * k) + x.shape[axis + 1:]
+        pad = [(0, 0)] * (x.ndim + 1)
+        pad[axis + 1] = (0, (G * g - T) * k)
+        return jnp.pad(x.reshape(shape), pad).reshape(x.shape[:axis] + (S * G * g * k,) + x.shape[axis + 1:])
+
+    A, B = groups(A, 1), groups(B, 0)
+    a_exp = None if a_exp is None else groups(a_exp, 1)
+    b_exp = None if b_exp is None else groups(b_exp, 0)
+    runs = plan.valid.sum(axis=1)[:, None] - g * np.arange(G)[None, :]
+    lens = np.clip(runs, 0, g) * k
+    p = engine.prepare(A, afmt, B, bfmt, model, a_exp=a_exp, b_exp=b_exp)
+    ch = native.chains(p, afmt, bfmt, model, k=k, chain_k=g * k, lens=lens.reshape(-1), scaled=scales is not None)
+    acc = fm.FORMATS[ins.dtype]
+    out = _combine(ch.reshape((S, G) + ch.shape[1:]), plan, acc)
+    if nan is not None:
+        out = jnp.where(nan, jnp.uint32(fm.F32.canonical_nan), out)
+    return out, fm.F32 if plan.reduces else acc
+
+
+def _xla_gemm(a_bits, b_bits, cfg: GemmConfig, ins: Mma, model, plan, key, scales):
+    """:func:`gemm_bits` in pure JAX (any backend, every model): tiles of the instruction's
+    (m, n), the K loop a scan over instructions, row blocks by ``lax.map``."""
     m, n, k = ins.m, ins.n, ins.k
     (M, K), N = a_bits.shape, b_bits.shape[1]
-    plan = cfg.k_schedule.plan(K, k)
     sched = plan.schedule
     Mp, Np = -(-M // m) * m, -(-N // n) * n
     A = _tiles(_lay_k(jnp.pad(a_bits, ((0, Mp - M), (0, 0))), plan, 1), m, k)  # (Mt, S*T, m, k)
@@ -316,7 +401,6 @@ def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None, scales=None):
     SA = SB = None
     if scales is not None:  # laid out like the elements, one code per block of each instruction
         blk = ins.scale_block
-        _check_block_aligned(plan, blk, repr(ins.spelling))
         sa = jnp.repeat(scales[0], blk, axis=1)
         sb = jnp.repeat(scales[1], blk, axis=0)
         SA = _tiles(_lay_k(jnp.pad(sa, ((0, Mp - M), (0, 0))), plan, 1), m, k)[..., ::blk]  # (Mt, Kt, m, S)

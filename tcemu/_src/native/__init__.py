@@ -1,0 +1,184 @@
+"""A compiled CPU kernel for the GEMM hot loop (XLA FFI), with the pure-JAX engine as reference.
+
+``blockfma.cc`` computes chains of fused block FMAs exactly as :mod:`tcemu._src.numerics.engine`
+does on its one-word path (per-product alignment, int32 block sum, one rounding), vectorised over
+16 output columns and threaded over column strips. It is compiled on first use with the system's
+C++ compiler (``$CXX`` or ``c++``) against the XLA FFI headers that jaxlib ships, cached under
+``$TCEMU_CACHE_DIR`` (default ``~/.cache/tcemu``), and used by :func:`tcemu.matmul` on the CPU
+backend for the models it covers (:func:`supports`). Without a compiler tcemu runs the pure-JAX
+path: same bits, slower.
+
+``TCEMU_NATIVE=0`` turns the kernel off; ``TCEMU_NATIVE=1`` makes a failed build an error.
+
+Example::
+
+    >>> from tcemu._src import native
+    >>> native.available() in (True, False)
+    True
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import subprocess
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tcemu._src import formats as fm
+
+_SOURCE = Path(__file__).with_name("blockfma.cc")
+_TARGET = "tcemu_blockfma_chains"
+_MODES = {"rz": 0, "rne": 1, "rna": 2, "ru": 3, "rd": 4}
+# formats whose exact values have float32 products far from the float32 range limits
+_SAFE = ("f16", "e4m3", "e5m2", "e3m2", "e2m3", "e2m1")
+_BIG = 1 << 20
+
+_lock = threading.Lock()
+_state: dict = {}
+
+
+def _setting() -> str:
+    env = os.environ.get("TCEMU_NATIVE", "auto")
+    if env not in ("0", "1", "auto"):
+        raise ValueError(f"TCEMU_NATIVE={env!r}; valid: 0 (off), 1 (required), auto")
+    return env
+
+
+def _cache_dir() -> Path:
+    env = os.environ.get("TCEMU_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tcemu"
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _build() -> Path:
+    """Compile blockfma.cc for this machine (once; cached by source, jaxlib and CPU)."""
+    import jaxlib
+
+    cxx = os.environ.get("CXX", "c++")
+    flags = ["-O2", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread"]
+    src = _SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([src, jaxlib.__version__.encode(), " ".join([cxx] + flags).encode(),
+                                     platform.machine().encode(), _cpu_flags().encode()])).hexdigest()[:16]
+    out = _cache_dir() / f"blockfma-{key}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        tmp_out = Path(tmp) / out.name
+        cmd = [cxx, *flags, f"-I{jax.ffi.include_dir()}", str(_SOURCE), "-o", str(tmp_out)]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{res.stderr[-2000:]}")
+        os.replace(tmp_out, out)  # atomic: concurrent builds all end with one complete file
+    return out
+
+
+def available() -> bool:
+    """Whether the compiled kernel is built and registered (building it on the first call)."""
+    setting = _setting()
+    if setting == "0":
+        return False
+    with _lock:
+        if "ok" not in _state:
+            try:
+                lib = ctypes.CDLL(str(_build()))
+                jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(getattr(lib, _TARGET)), platform="cpu")
+                _state.update(ok=True, lib=lib)
+            except Exception as e:  # noqa: BLE001 - any build or load failure means: use the JAX path
+                _state.update(ok=False, error=f"{type(e).__name__}: {e}")
+                if setting == "1":
+                    raise RuntimeError(f"TCEMU_NATIVE=1 but the CPU kernel could not be built: {_state['error']}")
+                warnings.warn(f"tcemu: CPU kernel unavailable, using the slower pure-JAX path ({_state['error']})",
+                              RuntimeWarning, stacklevel=3)
+    return _state["ok"]
+
+
+def _cpu() -> bool:
+    return jax.default_backend() == "cpu"
+
+
+def supports(model, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, k: int, acc: str) -> bool:
+    """Whether the kernel computes instructions of ``k`` with this :class:`BlockFMA` exactly as the
+    engine does: fused blocks with the addend first, truncating alignment without sticky bits
+    (int32 terms: ``fraction_bits <= 29``), deterministic rounding into a binary32-range
+    accumulator, products of significands of at most 12 bits."""
+    L = min(model.block_size, k)
+    return (acc == "f32" and model.block_sum == "fused" and model.addend == "first" and not model.sticky
+            and not model.normalize_products and model.scale_group is None and model.rounding in _MODES
+            and model.overflow in ("inf", "ieee") and model.exact_zero == "+0" and k % L == 0
+            and model.fraction_bits <= 29 and afmt.fraction_bits <= 11 and bfmt.fraction_bits <= 11)
+
+
+def use(model, afmt, bfmt, k: int, acc: str) -> bool:
+    """:func:`supports` on the CPU backend with the kernel available."""
+    return _cpu() and supports(model, afmt, bfmt, k, acc) and available()
+
+
+def _threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+def chains(p, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, model, *, k: int, chain_k: int, lens, scaled: bool):
+    """Accumulator bits (C, M, N) of C chains of instructions over the K of
+    :func:`~tcemu._src.numerics.engine.prepare`-d operands ``p`` (A (M, C * chain_k), B
+    (C * chain_k, N)): chain c runs its first ``lens[c]`` elements (whole instructions) from +0.
+    Outputs with NaN/inf operands are NaN (the caller recomputes them)."""
+    if not available():
+        raise RuntimeError(f"tcemu: the CPU kernel is not available ({_state.get('error', 'TCEMU_NATIVE=0')})")
+    flush = not model.subnormal_inputs
+    safe = not scaled and afmt.name in _SAFE and bfmt.name in _SAFE
+
+    def values(bits, fmt):  # exact float32: signed significands, times 2**(exp - fraction bits) if safe
+        d = fm.decode(bits, fmt, flush_subnormals=flush)
+        sig = jnp.where(d.sign != 0, -d.sig, d.sig).astype(jnp.float32)
+        if not safe:
+            return sig
+        scale = jax.lax.bitcast_convert_type(((d.exp - fmt.fraction_bits + 127) << 23).astype(jnp.int32),
+                                             jnp.float32)
+        return jnp.where(d.sig == 0, jnp.float32(0), sig * scale)
+
+    (M, K), N = p.a_bits.shape, p.b_bits.shape[1]
+    Mp, Np = -(-M // 4) * 4, -(-N // 16) * 16
+    va = jnp.pad(values(p.a_bits, afmt), ((0, Mp - M), (0, 0)))
+    vb = jnp.pad(values(p.b_bits, bfmt), ((0, 0), (0, Np - N)))
+    ea = jnp.pad(p.ea, ((0, Mp - M), (0, 0)), constant_values=-_BIG // 4)
+    eb = jnp.pad(p.eb, ((0, 0), (0, Np - N)), constant_values=-_BIG // 4)
+    zpol = model.zero_exponent is not None and afmt.emin + bfmt.emin - (254 if scaled else 0) < model.zero_exponent
+    L = min(model.block_size, k)
+    attrs = dict(chain_k=chain_k, block=L, F=model.fraction_bits, group=max(1, min(L, 1 << (29 - model.fraction_bits))),
+                 safe=int(safe),
+                 ab_shift=afmt.fraction_bits + bfmt.fraction_bits, zero_policy=int(zpol),
+                 zero_exp=-_BIG if model.zero_exponent is None else model.zero_exponent,
+                 has_min_exp=int(model.min_exponent is not None), min_exp=model.min_exponent or 0,
+                 mode=_MODES[model.rounding], p=model.accumulator_fraction_bits,
+                 subnormals=int(model.subnormal_outputs), overflow_ieee=int(model.overflow == "ieee"),
+                 flush_c=int(flush), threads=_threads())
+    call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct((K // chain_k, Mp, Np), jnp.uint32))
+    out = call(jnp.asarray(np.asarray(lens, np.int32)), va, ea.astype(jnp.int32), vb, eb.astype(jnp.int32),
+               **{name: np.int64(v) for name, v in attrs.items()})
+    return out[:, :M, :N]
+

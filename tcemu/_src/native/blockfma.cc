@@ -1,0 +1,337 @@
+// Chains of fused block FMAs on the CPU: the hot loop of tcemu's emulated GEMMs as an XLA FFI
+// custom call. It computes, bit for bit, what tcemu/_src/numerics/engine.py computes for the
+// models listed in tcemu/_src/native/__init__.py (supports): per output, per block of L products,
+// the alignment exponent E (largest product or accumulator exponent), every product truncated
+// toward zero F bits below E, an exact integer sum with the aligned accumulator (int32 groups as
+// the engine's _group_sums, added in int64 when one int32 word cannot hold the block), and one
+// rounding (rounding.round_pack32). Outputs whose block has a NaN/inf operand or a NaN/inf
+// accumulator become 0x7FFFFFFF: the caller computes those again on the exact path.
+//
+// Operands: A values va (M, K) float32 and exponents ea (M, K) int32; B the same, (K, N).
+// "safe" mode: va/vb are the exact element values (their products are exact float32 numbers far
+// from the range limits), so a term is trunc(va * vb * 2**(F - E)). Otherwise va/vb are the
+// signed integer significands (at most 12 bits) and a term is trunc(va * vb * 2**(ea + eb - fab -
+// fbb + F - E)); the scale is clamped at 2**-126, where every term truncates to 0 anyway.
+// Exponents carry engine._prepare's sentinels: zero operands -2**18, NaN/inf +2**20.
+// Output (K / chain_k, M, N) uint32: per chain of chain_k elements of K, the accumulator bits after
+// its first lens[chain] elements (whole blocks; the rest is padding that does not run), from +0.
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#if defined(__AVX512CD__) && defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int W = 16;  // output columns per vector
+constexpr int R = 4;   // output rows sharing the loads of B
+typedef int32_t vi __attribute__((vector_size(4 * W)));
+typedef uint32_t vu __attribute__((vector_size(4 * W)));
+typedef float vf __attribute__((vector_size(4 * W)));
+typedef int64_t vl __attribute__((vector_size(8 * W)));
+typedef uint64_t vul __attribute__((vector_size(8 * W)));
+
+constexpr int32_t kSpecialAbove = 1 << 19;  // engine._SPECIAL_ABOVE
+constexpr int32_t kZeroBelow = -(1 << 17);  // engine._ZERO_BELOW
+
+struct Params {
+  int64_t M, N, K, chain_k, block, F;
+  int64_t group;            // products per int32 partial sum (the engine's _group_sums)
+  bool safe;
+  int32_t ab_shift;         // fab + fbb (split mode)
+  bool zero_policy;         // zero products count with zero_exp
+  int32_t zero_exp;         // exponent of a zero accumulator (zero_exponent, or -2**20)
+  bool has_min_exp;
+  int32_t min_exp;
+  int mode;                 // 0 rz, 1 rne, 2 rna, 3 ru, 4 rd
+  int p;                    // fraction bits of the accumulator format (shift = 23 - p)
+  bool subnormals, overflow_ieee, flush_c;
+};
+
+inline vi splat(int32_t x) { return (vi){} + x; }
+inline vu splatu(uint32_t x) { return (vu){} + x; }
+inline vi vmax(vi a, vi b) { return a > b ? a : b; }
+inline vi vmin(vi a, vi b) { return a < b ? a : b; }
+
+// x >> n and x << n for 0 <= n, giving 0 from n >= 32 (as rounding.shr/shl)
+inline vu shr(vu x, vi n) {
+  vi c = vmin(vmax(n, splat(0)), splat(31));
+  return n >= 32 ? splatu(0) : x >> (vu)c;
+}
+inline vu shl(vu x, vi n) {
+  vi c = vmin(vmax(n, splat(0)), splat(31));
+  return n >= 32 ? splatu(0) : x << (vu)c;
+}
+
+inline vi clz(vu x) {  // 32 for 0
+#if defined(__AVX512CD__) && defined(__AVX512F__)
+  static_assert(sizeof(vu) == sizeof(__m512i), "one AVX-512 vector");
+  __m512i v;
+  std::memcpy(&v, &x, sizeof v);
+  v = _mm512_lzcnt_epi32(v);
+  vi out;
+  std::memcpy(&out, &v, sizeof out);
+  return out;
+#endif
+  vi r = splat(0);
+  vu t;
+  vi c;
+  for (int s = 16; s >= 1; s >>= 1) {
+    t = x >> (uint32_t)s;
+    c = (vi)(t != 0);
+    r += c & s;
+    x = c ? t : x;
+  }
+  return (x == 0) ? splat(32) : 31 - r;
+}
+
+// rounding.round_pack32 + _finish for the accumulator format (8 exponent bits, bias 127, emin
+// -126, emax 127, infinities), then exact_zero "+0".
+template <int Mode>
+inline vu round_pack(vi neg, vu m, vi q, const Params& P) {
+  const int p = P.p;
+  vi lz = clz(m);
+  vu top = m << (vu)vmin(lz, splat(31));
+  vi x = vmax(q + 31 - lz, splat(-126));
+  vi r = x - p - q + lz;
+  vu rbit = shr(top, r - 1) & 1u;
+  vi sticky = (top & (shl(splatu(1), r - 1) - 1u)) != 0;
+  vu n = shr(top, r);
+  vi inc;
+  switch (Mode) {
+    case 0: inc = splat(0); break;
+    case 1: inc = (rbit != 0) & (sticky | (vi)((n & 1u) != 0)); break;
+    case 2: inc = (vi)(rbit != 0); break;
+    case 3: inc = ((vi)(rbit != 0) | sticky) & ~neg; break;
+    default: inc = ((vi)(rbit != 0) | sticky) & neg; break;
+  }
+  n = n + ((vu)inc & 1u);
+  vi carry = (n >> (uint32_t)(p + 1)) != 0;
+  n = carry ? n >> 1u : n;
+  x = x + (carry & 1);
+  vi normal = (n >> (uint32_t)p) != 0;
+  vu biased = (vu)(normal ? x + 127 : splat(0));
+  vu frac = n & (uint32_t)((1u << p) - 1u);
+  if (!P.subnormals) frac = normal ? frac : splatu(0);
+  vu sbit = neg ? splatu(1u << (8 + p)) : splatu(0);
+  vu body = sbit | (biased << (uint32_t)p) | frac;
+  vi too_big = (x > 127) & (vi)(m != 0);
+  vu inf = sbit | (255u << p);
+  vu big = inf;
+  if (P.overflow_ieee) {
+    vu maxf = sbit | ((254u << p) | ((1u << p) - 1u));
+    vi to_inf;
+    switch (Mode) {
+      case 0: to_inf = splat(0); break;
+      case 3: to_inf = ~neg; break;
+      case 4: to_inf = neg; break;
+      default: to_inf = splat(-1); break;
+    }
+    big = to_inf ? inf : maxf;
+  }
+  body = too_big ? big : body;
+  vu bits = body << (uint32_t)(23 - p);
+  return bits == 0x80000000u ? splatu(0) : bits;
+}
+
+// One strip of W columns, rows [m0, m0 + R), every chain. bs/es: the strip of B packed (K, W).
+template <bool Safe, int Mode, bool Wide>
+void strip(const Params& P, const int32_t* lens, const float* va, const int32_t* ea, const float* bs,
+           const int32_t* es, int64_t m0, int64_t n0, uint32_t* out) {
+  const int64_t K = P.K, N = P.N, M = P.M, L = P.block;
+  const int F = (int)P.F;
+  const int32_t split_bias = (int32_t)(F + 127) - P.ab_shift;
+  for (int64_t c0 = 0; c0 < K; c0 += P.chain_k) {
+    vu acc[R];
+    for (int r = 0; r < R; r++) acc[r] = splatu(0);
+    const int64_t end = c0 + lens[c0 / P.chain_k];
+    for (int64_t k0 = c0; k0 < end; k0 += L) {
+      vi E[R], cexp[R], csig[R];
+      vi cspecial[R];
+      for (int r = 0; r < R; r++) {
+        vi ce = (vi)((acc[r] >> 23u) & 255u);
+        vi frac = (vi)(acc[r] & 0x7FFFFFu);
+        vi sig = (ce != 0) ? (frac | 0x800000) : frac;
+        if (P.flush_c) sig = (ce != 0) ? sig : splat(0);
+        cspecial[r] = ce == 255;
+        cexp[r] = (ce != 0) ? ce - 127 : splat(-126);
+        csig[r] = sig;
+        E[r] = (sig == 0) ? splat(P.zero_exp) : cexp[r];
+      }
+      for (int64_t k = k0; k < k0 + L; k++) {
+        vi e;
+        std::memcpy(&e, es + k * W, sizeof e);
+        for (int r = 0; r < R; r++) {
+          vi t = e + ea[(m0 + r) * K + k];
+          if (P.zero_policy) t = (t < kZeroBelow) ? splat(P.zero_exp) : t;
+          E[r] = vmax(E[r], t);
+        }
+      }
+      vi S[R];
+      vl S64[R];
+      for (int r = 0; r < R; r++) {
+        if (P.has_min_exp) E[r] = vmax(E[r], splat(P.min_exp));
+        S[r] = splat(0);
+        if (Wide) S64[r] = (vl){};
+      }
+      if (Safe) {
+        vf scale[R];
+        for (int r = 0; r < R; r++) {
+          vi x = vmin(vmax(F - E[r] + 127, splat(1)), splat(254));
+          vu u = (vu)x << 23u;
+          std::memcpy(&scale[r], &u, sizeof u);
+        }
+        for (int64_t k = k0; k < k0 + L; k++) {
+          vf b;
+          std::memcpy(&b, bs + k * W, sizeof b);
+          for (int r = 0; r < R; r++)
+            S[r] += __builtin_convertvector((b * va[(m0 + r) * K + k]) * scale[r], vi);
+          if (Wide && ((k - k0 + 1) % P.group == 0 || k + 1 == k0 + L))
+            for (int r = 0; r < R; r++) S64[r] += __builtin_convertvector(S[r], vl), S[r] = splat(0);
+        }
+      } else {
+        vi base[R];
+        for (int r = 0; r < R; r++) base[r] = split_bias - E[r];
+        for (int64_t k = k0; k < k0 + L; k++) {
+          vf b;
+          vi e;
+          std::memcpy(&b, bs + k * W, sizeof b);
+          std::memcpy(&e, es + k * W, sizeof e);
+          for (int r = 0; r < R; r++) {
+            vi x = vmax(e + (ea[(m0 + r) * K + k] + base[r]), splat(1));
+            vu u = (vu)x << 23u;
+            vf s;
+            std::memcpy(&s, &u, sizeof u);
+            S[r] += __builtin_convertvector((b * va[(m0 + r) * K + k]) * s, vi);
+          }
+          if (Wide && ((k - k0 + 1) % P.group == 0 || k + 1 == k0 + L))
+            for (int r = 0; r < R; r++) S64[r] += __builtin_convertvector(S[r], vl), S[r] = splat(0);
+        }
+      }
+      for (int r = 0; r < R; r++) {
+        vi cs = F >= 23 ? csig[r] << (F - 23) : csig[r];
+        vi sh = vmin(vmax(E[r] - cexp[r] + (F >= 23 ? 0 : 23 - F), splat(0)), splat(31));
+        vi tc = cs >> sh;
+        tc = ((vi)acc[r] < 0) ? -tc : tc;
+        vu bits;
+        if (Wide) {  // exact int64 sum, brought to 32 bits with the shifted-out bits as a sticky bit
+          vl tot = S64[r] + __builtin_convertvector(tc, vl);
+          vl negl = tot < 0;
+          vul mag = (vul)(negl ? -tot : tot);
+          vi sh = 32 - clz(__builtin_convertvector(mag >> 32, vu));
+          vul shl64 = __builtin_convertvector(sh, vul);
+          vul lost = mag & (((vul){} + 1) << shl64) - 1;
+          vu m32 = __builtin_convertvector(mag >> shl64, vu) | (vu)(__builtin_convertvector(lost != 0, vi) & 1);
+          bits = round_pack<Mode>(__builtin_convertvector(negl, vi), m32, E[r] - F + sh, P);
+        } else {  // |sum| < 2**32: one int32 sum with wrap-around, the sign from the overflow
+          vi s = (vi)((vu)S[r] + (vu)tc);
+          vi neg = (((S[r] ^ s) & (tc ^ s)) < 0) ? (S[r] < 0) : (s < 0);
+          vu u = (vu)s;
+          vu mag = neg ? 0u - u : u;
+          bits = round_pack<Mode>(neg, mag, E[r] - F, P);
+        }
+        vi special = (E[r] > kSpecialAbove) | cspecial[r];
+        acc[r] = special ? splatu(0x7FFFFFFFu) : bits;
+      }
+    }
+    const int64_t chain = c0 / P.chain_k;
+    for (int r = 0; r < R; r++) {
+      if (m0 + r < M) std::memcpy(out + (chain * M + m0 + r) * N + n0, &acc[r], sizeof acc[r]);
+    }
+  }
+}
+
+template <bool Safe, bool Wide>
+auto pick(int mode) {
+  return mode == 0 ? strip<Safe, 0, Wide> : mode == 1 ? strip<Safe, 1, Wide> : mode == 2 ? strip<Safe, 2, Wide>
+         : mode == 3 ? strip<Safe, 3, Wide> : strip<Safe, 4, Wide>;
+}
+
+void worker(const Params& P, const int32_t* lens, const float* va, const int32_t* ea, const float* vb,
+            const int32_t* eb, uint32_t* out, int64_t s_begin, int64_t s_end) {
+  const int64_t K = P.K, N = P.N;
+  const bool wide = P.group < P.block || P.block * (int64_t(1) << (P.F + 2)) + (int64_t(1) << (P.F + 1)) >
+                                             (int64_t(1) << 32);
+  auto run = P.safe ? (wide ? pick<true, true>(P.mode) : pick<true, false>(P.mode))
+                    : (wide ? pick<false, true>(P.mode) : pick<false, false>(P.mode));
+  std::vector<float> bs(K * W);
+  std::vector<int32_t> es(K * W);
+  for (int64_t s = s_begin; s < s_end; s++) {
+    const int64_t n0 = s * W;
+    for (int64_t k = 0; k < K; k++) {
+      std::memcpy(&bs[k * W], vb + k * N + n0, W * sizeof(float));
+      std::memcpy(&es[k * W], eb + k * N + n0, W * sizeof(int32_t));
+    }
+    for (int64_t m0 = 0; m0 < P.M; m0 += R) run(P, lens, va, ea, bs.data(), es.data(), m0, n0, out);
+  }
+}
+
+ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::F32> va, ffi::Buffer<ffi::S32> ea, ffi::Buffer<ffi::F32> vb,
+                  ffi::Buffer<ffi::S32> eb, ffi::ResultBuffer<ffi::U32> out, int64_t chain_k, int64_t block,
+                  int64_t F, int64_t group, int64_t safe, int64_t ab_shift, int64_t zero_policy, int64_t zero_exp,
+                  int64_t has_min_exp, int64_t min_exp, int64_t mode, int64_t p, int64_t subnormals,
+                  int64_t overflow_ieee, int64_t flush_c, int64_t threads) {
+  auto ad = va.dimensions(), bd = vb.dimensions();
+  if (ad.size() != 2 || bd.size() != 2 || ad[1] != bd[0])
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tcemu blockfma: A (M, K) and B (K, N) expected");
+  Params P{ad[0], bd[1], ad[1], chain_k, block, F, group, safe != 0, (int32_t)ab_shift, zero_policy != 0,
+           (int32_t)zero_exp, has_min_exp != 0, (int32_t)min_exp, (int)mode, (int)p, subnormals != 0,
+           overflow_ieee != 0, flush_c != 0};
+  if (P.M % R || P.N % W || P.chain_k <= 0 || P.K % P.chain_k || P.block <= 0 || P.chain_k % P.block ||
+      P.group <= 0 || P.F > 29 || lens.element_count() != (size_t)(P.K / P.chain_k))
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "tcemu blockfma: M % 4, N % 16, K % chain_k and chain_k % block must be 0, "
+                      "one length per chain, F <= 29");
+  const int64_t strips = P.N / W;
+  int64_t T = threads < 1 ? 1 : threads;
+  if (T > strips) T = strips;
+  const int32_t* l = lens.typed_data();
+  const float* a = va.typed_data();
+  const int32_t* e = ea.typed_data();
+  const float* b = vb.typed_data();
+  const int32_t* f = eb.typed_data();
+  uint32_t* o = out->typed_data();
+  if (T == 1) {
+    worker(P, l, a, e, b, f, o, 0, strips);
+  } else {
+    std::vector<std::thread> pool;
+    for (int64_t t = 0; t < T; t++)
+      pool.emplace_back(worker, std::cref(P), l, a, e, b, f, o, strips * t / T, strips * (t + 1) / T);
+    for (auto& th : pool) th.join();
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(tcemu_blockfma_chains, Chains,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::U32>>()
+                                  .Attr<int64_t>("chain_k")
+                                  .Attr<int64_t>("block")
+                                  .Attr<int64_t>("F")
+                                  .Attr<int64_t>("group")
+                                  .Attr<int64_t>("safe")
+                                  .Attr<int64_t>("ab_shift")
+                                  .Attr<int64_t>("zero_policy")
+                                  .Attr<int64_t>("zero_exp")
+                                  .Attr<int64_t>("has_min_exp")
+                                  .Attr<int64_t>("min_exp")
+                                  .Attr<int64_t>("mode")
+                                  .Attr<int64_t>("p")
+                                  .Attr<int64_t>("subnormals")
+                                  .Attr<int64_t>("overflow_ieee")
+                                  .Attr<int64_t>("flush_c")
+                                  .Attr<int64_t>("threads"));

@@ -1,0 +1,217 @@
+"""The compiled CPU kernel (tcemu/_src/native) against the pure-JAX engine it replaces: the same
+GEMM bits for every instruction family, K schedule, model option and special value it covers.
+
+The pure-JAX path is itself checked against hardware captures and exact arithmetic elsewhere
+(test_gemm, test_library, test_engine_exact); with the kernel on, those tests also run through it.
+"""
+from __future__ import annotations
+
+import shutil
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import tcemu
+from tcemu._src import formats as fm
+from tcemu._src import gemm, native
+from tcemu._src.arch import resolve
+from tcemu._src.numerics import mma as mma_numerics
+
+pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler: the kernel cannot be built")
+
+H100_F16 = "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16"
+H100_BF16 = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+H100_TF32 = "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
+H100_E4M3 = "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"
+H100_E5M2 = "wgmma.mma_async.sync.aligned.m64n128k32.f32.e5m2.e4m3"
+WMMA_F16 = "wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32"
+SM89_E4M3 = "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e5m2.f32"
+SM120 = "mma.sync.aligned.m16n8k32.row.col.kind::f8f6f4.f32.{}.{}.f32"
+SM120_MX = "mma.sync.aligned.m16n8k32.row.col.kind::mxf8f6f4.block_scale.scale_vec::1X.f32.e4m3.e2m1.f32.ue8m0"
+
+
+def _bits(rng, shape, etype, spread=4, specials=0):
+    """Bit patterns of random values of ``etype``: normal values times 2**U(-spread, spread)
+    (subnormals and zeros included), and ``specials`` NaN/inf/huge elements at random places."""
+    fmt = fm.FORMATS[etype]
+    if etype in ("e3m2", "e2m3", "e2m1"):  # every code is a finite value
+        bits = rng.integers(0, 1 << (1 + fmt.exponent_bits + fmt.fraction_bits), shape).astype(np.uint32)
+    else:
+        x = rng.standard_normal(shape) * np.exp2(rng.integers(-spread, spread + 1, shape))
+        x[rng.random(shape) < 0.05] = 0.0
+        if etype == "tf32":
+            bits = x.astype(np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
+        else:
+            bits = np.asarray(fm.to_bits(jnp.asarray(x.astype(fm.VALUE_DTYPES[etype])), etype)).astype(np.uint32)
+    if specials:
+        flat = bits.reshape(-1)
+        where = rng.choice(flat.size, specials, replace=False)
+        top = (1 << fmt.exponent_bits) - 1
+        inf = (top << fmt.fraction_bits) << fmt.shift
+        pool = [inf, inf | (1 << fmt.shift), inf | ((1 << fmt.fraction_bits) - 1) << fmt.shift,
+                ((top - 1) << fmt.fraction_bits | ((1 << fmt.fraction_bits) - 1)) << fmt.shift]
+        flat[where] = rng.choice(pool, specials) | (rng.integers(0, 2, specials) * (fmt.sign_bit))
+    return jnp.asarray(bits)
+
+
+def _run(monkeypatch, a, b, cfg, setting, scales=None):
+    monkeypatch.setenv("TCEMU_NATIVE", setting)
+    fmt = []
+
+    def f(a, b, s):
+        out, f = gemm.gemm_bits(a, b, cfg, scales=s)
+        fmt.append(f)
+        return out
+
+    return np.asarray(jax.jit(f)(a, b, scales)), fmt[0]
+
+
+def _model(cfg):
+    return mma_numerics.resolve_model(cfg.ins, cfg.model, resolve(cfg.arch))
+
+
+def _check(monkeypatch, cfg, a, b, scales=None, full=False):
+    """The kernel's GEMM (alone, or with ``full`` through gemm_bits and its exact recomputation of
+    NaN outputs) against the engine's."""
+    ins = cfg.ins
+    plan = cfg.k_schedule.plan(a.shape[1], ins.k)
+    monkeypatch.setenv("TCEMU_NATIVE", "1")
+    assert gemm._native_ok(ins, _model(cfg), plan, None), "the kernel must cover this case"
+    want, f0 = _run(monkeypatch, a, b, cfg, "0", scales)
+    if full:
+        got, f1 = _run(monkeypatch, a, b, cfg, "1", scales)
+        assert f1 is f0
+        np.testing.assert_array_equal(got, want)
+        return got
+    monkeypatch.setenv("TCEMU_NATIVE", "1")
+    got = np.asarray(jax.jit(lambda a, b, s: gemm._native_gemm(a, b, ins, _model(cfg), plan, s)[0])(a, b, scales))
+    # the kernel gives NaN where a chain met an infinity (then the exact result is inf or NaN)
+    deferred = (got == fm.F32.canonical_nan) & ~np.isfinite(want.view(np.float32))
+    np.testing.assert_array_equal(np.where(deferred, want, got), want)
+    return got
+
+
+def test_kernel_builds_here():
+    """Where a C++ compiler exists, the kernel builds, registers and is used on the CPU."""
+    assert native.available()
+
+
+FAMILIES = [("H100", H100_F16, "f16", "f16"), ("H100", H100_BF16, "bf16", "bf16"),
+            ("H100", H100_TF32, "tf32", "tf32"), ("H100", H100_E4M3, "e4m3", "e4m3"),
+            ("H100", H100_E5M2, "e5m2", "e4m3"), ("H100", WMMA_F16, "f16", "f16"),
+            ("V100", WMMA_F16, "f16", "f16"), ("A100", H100_BF16, "bf16", "bf16"),
+            ("A100", H100_TF32, "tf32", "tf32"), ("sm_89", SM89_E4M3, "e4m3", "e5m2"),
+            ("sm_120", SM120.format("e2m1", "e3m2"), "e2m1", "e3m2"),
+            ("sm_120", SM120.format("e2m3", "e4m3"), "e2m3", "e4m3"),
+            ("sm_120", SM120.format("e5m2", "e2m1"), "e5m2", "e2m1")]
+
+
+@pytest.mark.parametrize("arch,ins,at,bt", FAMILIES, ids=[f"{f[0]}-{f[1].split('.')[-3]}{i}" for i, f in
+                                                          enumerate(FAMILIES)])
+def test_families_equal_engine(monkeypatch, arch, ins, at, bt):
+    rng = np.random.default_rng(len(ins) + len(arch))
+    cfg = tcemu.GemmConfig(arch=arch, instruction=ins)
+    _check(monkeypatch, cfg, _bits(rng, (37, 96), at), _bits(rng, (96, 21), bt))
+
+
+SCHEDULES = [dict(k_order="split_k", split_k=3), dict(k_order="promotion", promotion_interval=64),
+             dict(k_order="pairwise"),
+             dict(schedule=tcemu.KSchedule(k_tile=64, residue="first")),
+             dict(schedule=tcemu.KSchedule(k_tile=64, residue="first", slices=2, reduction="pairwise",
+                                           partials="bf16"))]
+
+
+@pytest.mark.parametrize("sched", SCHEDULES, ids=lambda s: str(s.get("k_order") or "kschedule"))
+@pytest.mark.parametrize("ins,t", [(H100_F16, "f16"), (H100_BF16, "bf16")])
+def test_schedules_equal_engine(monkeypatch, sched, ins, t):
+    rng = np.random.default_rng(7)
+    cfg = tcemu.GemmConfig(arch="H100", instruction=ins, **sched)
+    _check(monkeypatch, cfg, _bits(rng, (20, 500), t), _bits(rng, (500, 33), t))
+
+
+MODELS = [dict(rounding=r) for r in ("rne", "rna", "ru", "rd")] + [
+    dict(overflow="ieee", rounding="rz"), dict(overflow="ieee", rounding="ru"),
+    dict(subnormal_outputs=False), dict(subnormal_inputs=False), dict(accumulator_fraction_bits=13),
+    dict(min_exponent=-20), dict(zero_exponent=None), dict(zero_exponent=-60, fraction_bits=24),
+    dict(block_size=8, fraction_bits=23), dict(block_order=(1, 0, 3, 2))]
+
+
+@pytest.mark.parametrize("changes", MODELS, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_model_options_equal_engine(monkeypatch, changes):
+    """Every option the kernel reads, on bf16 (wide exponents: tiny sums, zero products below
+    the zero exponent, overflow to infinity) and fp16 (the float32 fast path)."""
+    rng = np.random.default_rng(11)
+    for ins, t, spread in ((H100_BF16, "bf16", 70), (H100_F16, "f16", 10)):
+        model = tcemu.numerics("H100").for_instruction(tcemu.GemmConfig(instruction=ins).ins).replace(**changes)
+        cfg = tcemu.GemmConfig(arch="H100", instruction=ins, model=model)
+        _check(monkeypatch, cfg, _bits(rng, (24, 64), t, spread), _bits(rng, (64, 40), t, spread))
+
+
+@pytest.mark.parametrize("ins,t", [(H100_F16, "f16"), (H100_BF16, "bf16"), (H100_E4M3, "e4m3")])
+def test_special_values_equal_engine(monkeypatch, ins, t):
+    """NaN, infinities and the largest finite values: the kernel marks the outputs it cannot
+    compute as NaN and the GEMM computes them again on the exact path."""
+    rng = np.random.default_rng(3)
+    cfg = tcemu.GemmConfig(arch="H100", instruction=ins)
+    a, b = _bits(rng, (16, 64), t, specials=3), _bits(rng, (64, 32), t, specials=3)
+    got = _check(monkeypatch, cfg, a, b, full=True)
+    assert np.isnan(got.view(np.float32)).any() and not np.isnan(got.view(np.float32)).all()
+    monkeypatch.setenv("TCEMU_NATIVE", "1")
+    plan = cfg.k_schedule.plan(64, cfg.ins.k)
+    fast = np.asarray(jax.jit(lambda a, b: gemm._native_gemm(a, b, cfg.ins, _model(cfg), plan, None)[0])(a, b))
+    ok = ~np.isnan(fast.view(np.float32))
+    np.testing.assert_array_equal(fast[ok], got[ok])
+
+
+def test_overflow_and_cancellation_equal_engine(monkeypatch):
+    """Sums that overflow binary32 mid-chain, and rows that cancel exactly (zeros and signs)."""
+    rng = np.random.default_rng(5)
+    big = np.full((8, 64), 3e38, np.float32)
+    big[:, 1::2] *= -1
+    big[4:] = rng.standard_normal((4, 64)).astype(np.float32)
+    a = fm.to_bits(jnp.asarray(big.astype(ml_dtypes.bfloat16)), "bf16")
+    bmat = np.ones((64, 16), np.float32)
+    bmat[:, 8:] = np.sign(rng.standard_normal((64, 8)))
+    b = fm.to_bits(jnp.asarray(bmat.astype(ml_dtypes.bfloat16)), "bf16")
+    _check(monkeypatch, tcemu.GemmConfig(arch="H100", instruction=H100_BF16), a, b, full=True)
+
+
+def test_block_scaled_equal_engine(monkeypatch):
+    """kind::mxf8f6f4: ue8m0 exponents added to the products, including extreme and NaN scales."""
+    rng = np.random.default_rng(9)
+    cfg = tcemu.GemmConfig(arch="sm_120", instruction=SM120_MX)
+    a, b = _bits(rng, (16, 128), "e4m3"), _bits(rng, (128, 24), "e2m1")
+    sa = jnp.asarray(rng.integers(100, 160, (16, 4)).astype(np.uint32))
+    sb = jnp.asarray(rng.integers(0, 255, (4, 24)).astype(np.uint32))
+    _check(monkeypatch, cfg, a, b, (sa, sb))
+    _check(monkeypatch, cfg, a, b, (sa.at[3, 1].set(255), sb), full=True)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_shapes_equal_engine(monkeypatch, seed):
+    """Shapes that are not multiples of the kernel's 4 x 16 output tiles or of the instruction."""
+    rng = np.random.default_rng(seed)
+    M, K, N = (int(v) for v in rng.integers(1, 70, 3))
+    cfg = tcemu.GemmConfig(arch="H100", instruction=H100_F16)
+    _check(monkeypatch, cfg, _bits(rng, (M, K), "f16"), _bits(rng, (K, N), "f16"))
+
+
+def test_matmul_uses_kernel_and_not_outside_its_models(monkeypatch):
+    """What runs where: f32 accumulation on the CPU takes the kernel; f16 accumulation, sticky
+    alignment and stochastic rounding stay on the engine; TCEMU_NATIVE=0 turns it off."""
+    cfg = tcemu.GemmConfig(arch="H100", instruction=H100_F16)
+    plan = cfg.k_schedule.plan(64, 16)
+    assert gemm._native_ok(cfg.ins, _model(cfg), plan, None)
+    f16acc = tcemu.GemmConfig(arch="H100", instruction="mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16")
+    assert not gemm._native_ok(f16acc.ins, _model(f16acc), plan, None)
+    for changes in (dict(sticky=True), dict(rounding="stochastic"), dict(block_sum="separate")):
+        m = _model(cfg).replace(**changes)
+        assert not gemm._native_ok(cfg.ins, m, plan, None)
+    monkeypatch.setenv("TCEMU_NATIVE", "0")
+    assert not gemm._native_ok(cfg.ins, _model(cfg), plan, None)
+    monkeypatch.setenv("TCEMU_NATIVE", "2")
+    with pytest.raises(ValueError, match="TCEMU_NATIVE"):
+        native.available()
