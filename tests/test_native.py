@@ -20,7 +20,8 @@ from tcemu._src import gemm, native
 from tcemu._src.arch import resolve
 from tcemu._src.numerics import mma as mma_numerics
 
-pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler: the kernel cannot be built")
+pytestmark = [pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler: the kernel cannot be built"),
+              pytest.mark.skipif(jax.default_backend() != "cpu", reason="the kernel is for the CPU backend")]
 
 H100_F16 = "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16"
 H100_BF16 = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
@@ -215,3 +216,47 @@ def test_matmul_uses_kernel_and_not_outside_its_models(monkeypatch):
     monkeypatch.setenv("TCEMU_NATIVE", "2")
     with pytest.raises(ValueError, match="TCEMU_NATIVE"):
         native.available()
+
+
+SM120_FP4 = "mma.sync.aligned.m16n8k64.row.col.kind::{}.block_scale.scale_vec::{}.f32.e2m1.e2m1.f32.{}"
+FP4_KINDS = [("mxf4nvf4", "4X", "ue4m3"), ("mxf4nvf4", "4X", "ue8m0"), ("mxf4nvf4", "2X", "ue8m0"),
+             ("mxf4", "2X", "ue8m0")]
+
+
+def _scales(rng, shape, stype, nan=False):
+    lo, hi = (100, 150) if stype == "ue8m0" else (0, 0x7F)
+    s = rng.integers(lo, hi, shape).astype(np.uint32)
+    s[rng.random(shape) < 0.05] = 0  # zero (ue4m3) / 2**-127 (ue8m0) scales
+    if nan:
+        s[0, 0] = 0xFF
+    return jnp.asarray(s)
+
+
+@pytest.mark.parametrize("kind,vec,stype", FP4_KINDS)
+def test_grouped_fp4_equal_engine(monkeypatch, kind, vec, stype):
+    """kind::mxf4 / mxf4nvf4 (NVFP4, MXFP4): group sums, scale products, alignment by the scale
+    exponents; a NaN scale through the exact path."""
+    rng = np.random.default_rng(13)
+    cfg = tcemu.GemmConfig(arch="sm_120", instruction=SM120_FP4.format(kind, vec, stype))
+    blk = cfg.ins.scale_block
+    a, b = _bits(rng, (20, 256), "e2m1"), _bits(rng, (256, 36), "e2m1")
+    sa, sb = _scales(rng, (20, 256 // blk), stype), _scales(rng, (256 // blk, 36), stype)
+    _check(monkeypatch, cfg, a, b, (sa, sb))
+    _check(monkeypatch, cfg, a, b, (sa, _scales(rng, (256 // blk, 36), stype, nan=True)), full=True)
+
+
+GROUPED_MODELS = [dict(rounding="rne"), dict(rounding="rd", fraction_bits=30), dict(fraction_bits=20, scale_group=8),
+                  dict(scale_group=32), dict(zero_exponent=-126, overflow="ieee", rounding="ru"),
+                  dict(subnormal_inputs=False, subnormal_outputs=False)]
+
+
+@pytest.mark.parametrize("changes", GROUPED_MODELS, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_grouped_model_options_equal_engine(monkeypatch, changes):
+    rng = np.random.default_rng(17)
+    ins = SM120_FP4.format("mxf4nvf4", "2X", "ue8m0")
+    base = tcemu.numerics("sm_120").for_instruction(tcemu.GemmConfig(arch="sm_120", instruction=ins).ins)
+    cfg = tcemu.GemmConfig(arch="sm_120", instruction=ins, model=base.replace(**changes))
+    a, b = _bits(rng, (8, 128), "e2m1"), _bits(rng, (128, 16), "e2m1")
+    sa = jnp.asarray(rng.integers(60, 200, (8, 4)).astype(np.uint32))
+    sb = jnp.asarray(rng.integers(60, 200, (4, 16)).astype(np.uint32))
+    _check(monkeypatch, cfg, a, b, (sa, sb))

@@ -28,6 +28,13 @@ fi
 if [ "$part" = all ] || [ "$part" = gemm-bench ]; then
   python3 benchmarks/bench_gemm.py --sizes 512,1024,2048,4096,8192 --rounds 2 2>&1 | tee "$OUT/bench_gemm_gpu.txt"
 fi
+if [ "$part" = all ] || [ "$part" = gemm-families ]; then
+  CUDA_VISIBLE_DEVICES=0 python3 benchmarks/bench_gemm.py --sizes ${SIZES:-8192} --rounds 1 --repeats 2 2>&1 \
+    | tee "$OUT/bench_gemm_families_gpu.txt"
+fi
+if [ "$part" = all ] || [ "$part" = sharding ]; then
+  python3 benchmarks/bench_sharding.py 2>&1 | tee "$OUT/bench_sharding_gpu.txt"
+fi
 if [ "$part" = all ] || [ "$part" = tests ]; then
   # TCEMU_X64 unset: the hardware-comparison modules run with x64 off and on (tests/conftest.py);
   # TCEMU_X64=0 once with x64 off, to fit a shorter time limit

@@ -356,11 +356,11 @@ def _native_gemm(a_bits, b_bits, ins: Mma, model, plan, scales):
     afmt, bfmt = fm.FORMATS[ins.atype], fm.FORMATS[ins.btype]
     A, B = _lay_k(jnp.asarray(a_bits), plan, 1), _lay_k(jnp.asarray(b_bits), plan, 0)
     a_exp = b_exp = nan = None
-    if scales is not None:  # ue8m0 exponents added to the elements' (kind::mxf8f6f4)
+    if scales is not None:  # per element of the laid-out K (zeros where the plan pads)
         blk = ins.scale_block
         sa = fm.decode_scale(_lay_k(jnp.repeat(scales[0], blk, axis=1), plan, 1), ins.stype)
         sb = fm.decode_scale(_lay_k(jnp.repeat(scales[1], blk, axis=0), plan, 0), ins.stype)
-        a_exp, b_exp = sa.exp, sb.exp
+        a_exp, b_exp = sa.exp, sb.exp  # ue8m0 exponents added to the elements' (kind::mxf8f6f4)
         nan = jnp.any(sa.is_nan, axis=1)[:, None] | jnp.any(sb.is_nan, axis=0)[None, :]
     # chains: every slice's promotion groups of g instructions (the last one padded), each running
     # its valid instructions
@@ -379,8 +379,15 @@ def _native_gemm(a_bits, b_bits, ins: Mma, model, plan, scales):
     b_exp = None if b_exp is None else groups(b_exp, 0)
     runs = plan.valid.sum(axis=1)[:, None] - g * np.arange(G)[None, :]
     lens = np.clip(runs, 0, g) * k
-    p = engine.prepare(A, afmt, B, bfmt, model, a_exp=a_exp, b_exp=b_exp)
-    ch = native.chains(p, afmt, bfmt, model, k=k, chain_k=g * k, lens=lens.reshape(-1), scaled=scales is not None)
+    if model.scale_group is not None:  # grouped fp4: one scale per group of G elements
+        sg = model.scale_group
+        sa = fm.Scale(*(groups(x, 1)[:, ::sg] for x in sa))
+        sb = fm.Scale(*(groups(x, 0)[::sg] for x in sb))
+        ch = native.grouped_chains(A, B, sa, sb, model, k=k, chain_k=g * k, lens=lens.reshape(-1))
+    else:
+        p = engine.prepare(A, afmt, B, bfmt, model, a_exp=a_exp, b_exp=b_exp)
+        ch = native.chains(p, afmt, bfmt, model, k=k, chain_k=g * k, lens=lens.reshape(-1),
+                           scaled=scales is not None)
     acc = fm.FORMATS[ins.dtype]
     out = _combine(ch.reshape((S, G) + ch.shape[1:]), plan, acc)
     if nan is not None:
@@ -498,6 +505,101 @@ def _pairwise(parts, add):
 
 
 # ---------------------------------------------------------------------------------------------
+# batches of GEMMs, partitioned over devices
+
+
+def _out_format(cfg: GemmConfig, K: int) -> fm.FloatFormat:
+    """The format :func:`gemm_bits` returns D in, for this K."""
+    return fm.F32 if cfg.k_schedule.plan(K, cfg.ins.k).reduces else fm.FORMATS[cfg.ins.dtype]
+
+
+def _local_batch(a, b, cfg, keys, scales):
+    """(B, M, K) @ (B, K, N) on one device: one :func:`gemm_bits` per batch element."""
+    if a.shape[0] == 1:
+        key = None if keys is None else keys[0]
+        sc = None if scales is None else (scales[0][0], scales[1][0])
+        return gemm_bits(a[0], b[0], cfg, key, sc)[0][None]
+    xs = (a, b, keys) + (() if scales is None else tuple(scales))
+    return jax.lax.map(lambda x: gemm_bits(x[0], x[1], cfg, x[2], None if scales is None else x[3:])[0], xs)
+
+
+def batched_gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None, scales=None):
+    """:func:`gemm_bits` over a batch: ``a_bits`` (B, M, K), ``b_bits`` (B, K, N), ``scales`` (A's
+    (B, M, K / block), B's (B, K / block, N)). Returns (D bits (B, M, N), format of D).
+
+    With several devices the GEMMs are partitioned as their inputs are sharded (over B, M and N;
+    K is gathered): a GEMM's bits depend on its K schedule only, so every device computes its
+    outputs exactly as one device would. Stochastic rounding (``key``) draws its bits per
+    instruction tile and stays on one device."""
+    fmt = _out_format(cfg, a_bits.shape[-1])
+    keys = None if key is None else jax.random.split(key, a_bits.shape[0])
+    if key is not None or jax.device_count() == 1:
+        return _local_batch(a_bits, b_bits, cfg, keys, scales), fmt
+    return _partitioned(cfg, scales is not None)(a_bits, b_bits, *(scales or ())), fmt
+
+
+@functools.lru_cache(maxsize=64)
+def _partitioned(cfg: GemmConfig, scaled: bool):
+    """The batched GEMM as a custom-partitioned op: outputs sharded over (B, M, N) as the
+    operands' B, M (A) and N (B) axes are; K and the scale blocks replicated."""
+    from jax.experimental.custom_partitioning import custom_partitioning
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    @jax.jit  # keeps the GEMM's constants inside its own jaxpr (custom_partitioning takes none)
+    def local(a, b, *s):
+        return _local_batch(a, b, cfg, None, s or None)
+
+    def axes(mesh, shapes):
+        """Mesh axes of (B, M, N): from the operands; a mesh axis that shards K (which each device
+        needs whole) is moved to M, or else N, so that the devices still split the work."""
+        sa, sb = (tuple(x.sharding.spec) + (None,) * 3 for x in shapes[:2])
+        bat = sa[0] if sa[0] is not None else sb[0]
+        m = sa[1] if sa[1] != bat else None
+        n = sb[2] if sb[2] not in (bat, m) else None
+        k = sa[2] if sa[2] is not None else sb[1]
+        if k is not None and k not in (bat, m, n):
+            if m is None:
+                m = k
+            elif n is None:
+                n = k
+        return bat, m, n
+
+    def shardings(mesh, bat, m, n):
+        args = [NamedSharding(mesh, P(bat, m, None)), NamedSharding(mesh, P(bat, None, n))]
+        if scaled:
+            args += [NamedSharding(mesh, P(bat, m, None)), NamedSharding(mesh, P(bat, None, n))]
+        return NamedSharding(mesh, P(bat, m, n)), tuple(args)
+
+    def infer(mesh, arg_shapes, result_shape):
+        return shardings(mesh, *axes(mesh, arg_shapes))[0]
+
+    def partition(mesh, arg_shapes, result_shape):
+        out, args = shardings(mesh, *axes(mesh, arg_shapes))
+        return mesh, local, out, args
+
+    f = custom_partitioning(local)
+    rule = "b m k, b k n" + (", b m s, b s n" if scaled else "") + " -> b m n"
+    f.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
+                    need_replication_factors=("k",) + (("s",) if scaled else ()))
+
+    @jax.custom_batching.custom_vmap
+    def g(a, b, *s):
+        return f(a, b, *s)
+
+    @g.def_vmap
+    def _(axis_size, in_batched, a, b, *s):  # a vmap of the batched GEMM: one batch of batches
+        def lead(x, batched):
+            return x if batched else jnp.broadcast_to(x, (axis_size,) + x.shape)
+
+        xs = [lead(x, bt) for x, bt in zip((a, b) + s, in_batched)]
+        flat = [x.reshape((-1,) + x.shape[2:]) for x in xs]
+        out = g(*flat)
+        return out.reshape((axis_size, -1) + out.shape[1:]), True
+
+    return g
+
+
+# ---------------------------------------------------------------------------------------------
 # differentiable value API
 
 
@@ -519,19 +621,13 @@ def _emulated(a, b, cfg: GemmConfig, key):
     Bb = _bits(b, ins.btype)
     if b.ndim == 2:  # one weight matrix: fold every batch row into M
         lead = a.shape[:-1]
-        D, fmt = gemm_bits(A.reshape(-1, a.shape[-1]), Bb, cfg, key)
-        return _widen(D, fmt).reshape(lead + (b.shape[1],))
+        D, fmt = batched_gemm_bits(A.reshape(1, -1, a.shape[-1]), Bb[None], cfg, key)
+        return _widen(D[0], fmt).reshape(lead + (b.shape[1],))
     batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     A = jnp.broadcast_to(A, batch + A.shape[-2:]).reshape((-1,) + A.shape[-2:])
     Bb = jnp.broadcast_to(Bb, batch + Bb.shape[-2:]).reshape((-1,) + Bb.shape[-2:])
-    keys = None if key is None else jax.random.split(key, A.shape[0])
-
-    def one(x):
-        D, fmt = gemm_bits(x[0], x[1], cfg, x[2])
-        return _widen(D, fmt)
-
-    out = jax.lax.map(one, (A, Bb, keys))
-    return out.reshape(batch + out.shape[-2:])
+    D, fmt = batched_gemm_bits(A, Bb, cfg, key)
+    return _widen(D, fmt).reshape(batch + D.shape[-2:])
 
 
 def _emulated_block(a, b, cfg: GemmConfig):
@@ -552,18 +648,14 @@ def _emulated_block(a, b, cfg: GemmConfig):
     Bc, SB = jnp.swapaxes(qb.element_codes, -1, -2), jnp.swapaxes(qb.scale_codes, -1, -2)
     if b.ndim == 2:
         lead = a.shape[:-1]
-        D, fmt = gemm_bits(A.reshape(-1, a.shape[-1]), Bc, cfg, None, (SA.reshape(-1, SA.shape[-1]), SB))
-        out = _widen(D, fmt).reshape(lead + (b.shape[1],))
+        D, fmt = batched_gemm_bits(A.reshape(1, -1, a.shape[-1]), Bc[None], cfg, None,
+                                   (SA.reshape(1, -1, SA.shape[-1]), SB[None]))
+        out = _widen(D[0], fmt).reshape(lead + (b.shape[1],))
     else:
         batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
         flat = [jnp.broadcast_to(x, batch + x.shape[-2:]).reshape((-1,) + x.shape[-2:]) for x in (A, Bc, SA, SB)]
-
-        def one(x):
-            D, fmt = gemm_bits(x[0], x[1], cfg, None, (x[2], x[3]))
-            return _widen(D, fmt)
-
-        out = jax.lax.map(one, tuple(flat))
-        out = out.reshape(batch + out.shape[-2:])
+        D, fmt = batched_gemm_bits(flat[0], flat[1], cfg, None, (flat[2], flat[3]))
+        out = _widen(D, fmt).reshape(batch + D.shape[-2:])
     alpha = (jnp.float32(1) / qa.tensor_scale) * (jnp.float32(1) / qb.tensor_scale)
     deq_b = jnp.swapaxes(qb.dequantize(blk), -1, -2)
     return out * alpha, qa.dequantize(blk), deq_b

@@ -36,6 +36,7 @@ from tcemu._src import formats as fm
 
 _SOURCE = Path(__file__).with_name("blockfma.cc")
 _TARGET = "tcemu_blockfma_chains"
+_GROUPED = "tcemu_grouped_chains"
 _MODES = {"rz": 0, "rne": 1, "rna": 2, "ru": 3, "rd": 4}
 # formats whose exact values have float32 products far from the float32 range limits
 _SAFE = ("f16", "e4m3", "e5m2", "e3m2", "e2m3", "e2m1")
@@ -103,7 +104,8 @@ def available() -> bool:
         if "ok" not in _state:
             try:
                 lib = ctypes.CDLL(str(_build()))
-                jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(getattr(lib, _TARGET)), platform="cpu")
+                for name in (_TARGET, _GROUPED):
+                    jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
                 _state.update(ok=True, lib=lib)
             except Exception as e:  # noqa: BLE001 - any build or load failure means: use the JAX path
                 _state.update(ok=False, error=f"{type(e).__name__}: {e}")
@@ -130,9 +132,22 @@ def supports(model, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, k: int, acc: str
             and model.fraction_bits <= 29 and afmt.fraction_bits <= 11 and bfmt.fraction_bits <= 11)
 
 
+def supports_grouped(model, k: int) -> bool:
+    """Whether the kernel computes the grouped block-scaled fp4 model (``scale_group``) of an
+    instruction of ``k`` as :mod:`~tcemu._src.numerics.grouped` does."""
+    L = min(model.block_size, k)
+    return (model.rounding in _MODES and model.overflow in ("inf", "ieee") and k % L == 0
+            and L // model.scale_group <= 8 and model.fraction_bits <= 40)
+
+
 def use(model, afmt, bfmt, k: int, acc: str) -> bool:
-    """:func:`supports` on the CPU backend with the kernel available."""
-    return _cpu() and supports(model, afmt, bfmt, k, acc) and available()
+    """:func:`supports` (:func:`supports_grouped` for grouped models) on the CPU backend with the
+    kernel available."""
+    if model.scale_group is not None:
+        ok = acc == "f32" and supports_grouped(model, k)
+    else:
+        ok = supports(model, afmt, bfmt, k, acc)
+    return _cpu() and ok and available()
 
 
 def _threads() -> int:
@@ -182,3 +197,32 @@ def chains(p, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, model, *, k: int, chai
                **{name: np.int64(v) for name, v in attrs.items()})
     return out[:, :M, :N]
 
+
+
+def grouped_chains(a_bits, b_bits, sa: fm.Scale, sb: fm.Scale, model, *, k: int, chain_k: int, lens):
+    """:func:`chains` of the grouped block-scaled fp4 model: e2m1 codes ``a_bits`` (M, K),
+    ``b_bits`` (K, N), scales decoded per group of ``model.scale_group`` (``sa`` (M, K / G), ``sb``
+    (K / G, N))."""
+    if not available():
+        raise RuntimeError(f"tcemu: the CPU kernel is not available ({_state.get('error', 'TCEMU_NATIVE=0')})")
+    flush = not model.subnormal_inputs
+
+    def values(bits):  # e2m1 as integers times 2**-1, as grouped.grouped_dot reads them
+        d = fm.decode(jnp.asarray(bits).astype(jnp.uint32), fm.E2M1, flush_subnormals=flush)
+        v = d.sig << (d.exp - fm.E2M1.emin)
+        return jnp.where(d.sign != 0, -v, v).astype(jnp.float32)
+
+    (M, K), N = a_bits.shape, b_bits.shape[1]
+    Mp, Np = -(-M // 4) * 4, -(-N // 16) * 16
+    rows, cols = ((0, Mp - M), (0, 0)), ((0, 0), (0, Np - N))
+    L = min(model.block_size, k)
+    attrs = dict(chain_k=chain_k, block=L, group=model.scale_group, F=model.fraction_bits,
+                 zero_exp=-_BIG if model.zero_exponent is None else model.zero_exponent, mode=_MODES[model.rounding],
+                 subnormals=int(model.subnormal_outputs), overflow_ieee=int(model.overflow == "ieee"),
+                 flush_c=int(flush), threads=_threads())
+    i32 = lambda x, pad: jnp.pad(x.astype(jnp.int32), pad)  # noqa: E731
+    call = jax.ffi.ffi_call(_GROUPED, jax.ShapeDtypeStruct((K // chain_k, Mp, Np), jnp.uint32))
+    out = call(jnp.asarray(np.asarray(lens, np.int32)), jnp.pad(values(a_bits), rows), i32(sa.sig, rows),
+               i32(sa.exp, rows), jnp.pad(values(b_bits), cols), i32(sb.sig, cols), i32(sb.exp, cols),
+               **{name: np.int64(v) for name, v in attrs.items()})
+    return out[:, :M, :N]

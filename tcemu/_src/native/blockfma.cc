@@ -273,6 +273,155 @@ void worker(const Params& P, const int32_t* lens, const float* va, const int32_t
   }
 }
 
+// ----------------------------------------------------------------------------------------------
+// Grouped block-scaled fp4 (tcemu/_src/numerics/grouped.py, kind::mxf4 / mxf4nvf4): per block of L
+// products, every group of G consecutive products is summed exactly (e2m1 values times 2, as
+// float32: every partial sum is an exact integer below 2**12), multiplied by its two scale
+// significands and aligned by the scale exponents only (2**(F - 8 + e_g - E)), with the
+// accumulator; the exact int64 sum is rounded once. va (M, K) / vb (K, N): e2m1 values times 2;
+// the products are the group sums' units (2**-2), the scale significands 2**-6 (hence F - 8).
+// sas/sae (M, K / G), sbs/sbe (K / G, N): scale significands (times 2**3) and exponents.
+
+struct GParams {
+  int64_t M, N, K, chain_k, block, group, F;
+  int32_t zero_exp;
+  int mode, p;
+  bool subnormals, overflow_ieee, flush_c;
+};
+
+inline vl shift64(vl x, vi sh) {  // x * 2**sh truncated toward zero (x >= 0), 0 from 64 bits down
+  vl s = __builtin_convertvector(sh, vl);
+  vl left = x << (s < 0 ? (vl){} : (s > 62 ? (vl){} + 62 : s));
+  vl right = x >> (s >= 0 ? (vl){} : (-s > 63 ? (vl){} + 63 : -s));
+  return s >= 0 ? left : right;
+}
+
+template <int Mode>
+void gstrip(const GParams& P, const int32_t* lens, const float* va, const float* vab, const int32_t* sas,
+            const int32_t* sae, const float* bs, const float* bsa, const int32_t* sbs, const int32_t* sbe,
+            int64_t m0, int64_t n0, uint32_t* out) {
+  const int64_t K = P.K, M = P.M, L = P.block, G = P.group, KG = K / G;
+  const int F = (int)P.F;
+  Params rp{};
+  rp.p = P.p;
+  rp.subnormals = P.subnormals;
+  rp.overflow_ieee = P.overflow_ieee;
+  for (int64_t c0 = 0; c0 < K; c0 += P.chain_k) {
+    vu acc[R];
+    for (int r = 0; r < R; r++) acc[r] = splatu(0);
+    const int64_t end = c0 + lens[c0 / P.chain_k];
+    for (int64_t k0 = c0; k0 < end; k0 += L) {
+      const int64_t ng = L / G;
+      vi E[R], eg[R][8], T[R][8], cexp[R], csig[R], cspecial[R];
+      for (int r = 0; r < R; r++) {
+        vi ce = (vi)((acc[r] >> 23u) & 255u);
+        vi frac = (vi)(acc[r] & 0x7FFFFFu);
+        vi sig = (ce != 0) ? (frac | 0x800000) : frac;
+        if (P.flush_c) sig = (ce != 0) ? sig : splat(0);
+        cspecial[r] = ce == 255;
+        cexp[r] = (ce != 0) ? ce - 127 : splat(-126);
+        csig[r] = sig;
+        E[r] = (sig == 0) ? splat(P.zero_exp) : cexp[r];
+      }
+      for (int64_t g = 0; g < ng; g++) {
+        const int64_t kg0 = k0 + g * G, gi = kg0 / G;
+        vf sum[R], mag[R];
+        for (int r = 0; r < R; r++) sum[r] = mag[r] = (vf){};
+        for (int64_t k = kg0; k < kg0 + G; k++) {
+          vf b, ba;
+          std::memcpy(&b, bs + k * W, sizeof b);
+          std::memcpy(&ba, bsa + k * W, sizeof ba);
+          for (int r = 0; r < R; r++) {
+            sum[r] += b * va[(m0 + r) * K + k];
+            mag[r] += ba * vab[(m0 + r) * K + k];
+          }
+        }
+        vi bsig, bexp;
+        std::memcpy(&bsig, sbs + gi * W, sizeof bsig);
+        std::memcpy(&bexp, sbe + gi * W, sizeof bexp);
+        for (int r = 0; r < R; r++) {
+          vi S = bsig * sas[(m0 + r) * KG + gi];
+          T[r][g] = __builtin_convertvector(sum[r], vi) * S;
+          eg[r][g] = ((mag[r] != 0) & (S != 0)) ? bexp + sae[(m0 + r) * KG + gi] : splat(P.zero_exp);
+          E[r] = vmax(E[r], eg[r][g]);
+        }
+      }
+      for (int r = 0; r < R; r++) {
+        vl tot = (vl){};
+        for (int64_t g = 0; g < ng; g++) {
+          vi t = T[r][g];
+          vl m = __builtin_convertvector(t < 0 ? -t : t, vl);
+          vl term = shift64(m, F - 8 + eg[r][g] - E[r]);
+          tot += __builtin_convertvector(t < 0, vl) ? -term : term;
+        }
+        vl cterm = shift64(__builtin_convertvector(csig[r], vl), F - 23 + cexp[r] - E[r]);
+        tot += __builtin_convertvector((vi)acc[r] < 0, vl) ? -cterm : cterm;
+        vl negl = tot < 0;
+        vul mag = (vul)(negl ? -tot : tot);
+        vi sh = 32 - clz(__builtin_convertvector(mag >> 32, vu));
+        vul s64 = __builtin_convertvector(sh, vul);
+        vul lost = mag & (((vul){} + 1) << s64) - 1;
+        vu m32 = __builtin_convertvector(mag >> s64, vu) | (vu)(__builtin_convertvector(lost != 0, vi) & 1);
+        vu bits = round_pack<Mode>(__builtin_convertvector(negl, vi), m32, E[r] - F + sh, rp);
+        acc[r] = cspecial[r] ? splatu(0x7FFFFFFFu) : bits;
+      }
+    }
+    const int64_t chain = c0 / P.chain_k;
+    for (int r = 0; r < R; r++) {
+      if (m0 + r < M) std::memcpy(out + (chain * M + m0 + r) * P.N + n0, &acc[r], sizeof acc[r]);
+    }
+  }
+}
+
+ffi::Error Grouped(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::F32> va, ffi::Buffer<ffi::S32> sas,
+                   ffi::Buffer<ffi::S32> sae, ffi::Buffer<ffi::F32> vb, ffi::Buffer<ffi::S32> sbs,
+                   ffi::Buffer<ffi::S32> sbe, ffi::ResultBuffer<ffi::U32> out, int64_t chain_k, int64_t block,
+                   int64_t group, int64_t F, int64_t zero_exp, int64_t mode, int64_t subnormals,
+                   int64_t overflow_ieee, int64_t flush_c, int64_t threads) {
+  auto ad = va.dimensions(), bd = vb.dimensions();
+  if (ad.size() != 2 || bd.size() != 2 || ad[1] != bd[0])
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tcemu grouped: A (M, K) and B (K, N) expected");
+  GParams P{ad[0], bd[1], ad[1], chain_k, block, group, F, (int32_t)zero_exp, (int)mode, 23, subnormals != 0,
+            overflow_ieee != 0, flush_c != 0};
+  if (P.M % R || P.N % W || chain_k <= 0 || P.K % chain_k || group <= 0 || block % group || block / group > 8 ||
+      chain_k % block || lens.element_count() != (size_t)(P.K / chain_k))
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tcemu grouped: bad shapes or attributes");
+  const int64_t K = P.K, N = P.N, KG = K / group, strips = N / W;
+  int64_t T = threads < 1 ? 1 : (threads > strips ? strips : threads);
+  const float* a = va.typed_data();
+  std::vector<float> aabs(a, a + P.M * K);
+  for (auto& x : aabs) x = x < 0 ? -x : x;
+  auto run = mode == 0 ? gstrip<0> : mode == 1 ? gstrip<1> : mode == 2 ? gstrip<2> : mode == 3 ? gstrip<3> : gstrip<4>;
+  auto work = [&](int64_t s0, int64_t s1) {
+    std::vector<float> bsv(K * W), bsa(K * W);
+    std::vector<int32_t> sbsv(KG * W), sbev(KG * W);
+    for (int64_t s = s0; s < s1; s++) {
+      const int64_t n0 = s * W;
+      for (int64_t k = 0; k < K; k++)
+        for (int j = 0; j < W; j++) {
+          float x = vb.typed_data()[k * N + n0 + j];
+          bsv[k * W + j] = x;
+          bsa[k * W + j] = x < 0 ? -x : x;
+        }
+      for (int64_t g = 0; g < KG; g++) {
+        std::memcpy(&sbsv[g * W], sbs.typed_data() + g * N + n0, W * sizeof(int32_t));
+        std::memcpy(&sbev[g * W], sbe.typed_data() + g * N + n0, W * sizeof(int32_t));
+      }
+      for (int64_t m0 = 0; m0 < P.M; m0 += R)
+        run(P, lens.typed_data(), a, aabs.data(), sas.typed_data(), sae.typed_data(), bsv.data(), bsa.data(),
+            sbsv.data(), sbev.data(), m0, n0, out->typed_data());
+    }
+  };
+  if (T == 1) {
+    work(0, strips);
+  } else {
+    std::vector<std::thread> pool;
+    for (int64_t t = 0; t < T; t++) pool.emplace_back(work, strips * t / T, strips * (t + 1) / T);
+    for (auto& th : pool) th.join();
+  }
+  return ffi::Error::Success();
+}
+
 ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::F32> va, ffi::Buffer<ffi::S32> ea, ffi::Buffer<ffi::F32> vb,
                   ffi::Buffer<ffi::S32> eb, ffi::ResultBuffer<ffi::U32> out, int64_t chain_k, int64_t block,
                   int64_t F, int64_t group, int64_t safe, int64_t ab_shift, int64_t zero_policy, int64_t zero_exp,
@@ -331,6 +480,27 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(tcemu_blockfma_chains, Chains,
                                   .Attr<int64_t>("min_exp")
                                   .Attr<int64_t>("mode")
                                   .Attr<int64_t>("p")
+                                  .Attr<int64_t>("subnormals")
+                                  .Attr<int64_t>("overflow_ieee")
+                                  .Attr<int64_t>("flush_c")
+                                  .Attr<int64_t>("threads"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(tcemu_grouped_chains, Grouped,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::U32>>()
+                                  .Attr<int64_t>("chain_k")
+                                  .Attr<int64_t>("block")
+                                  .Attr<int64_t>("group")
+                                  .Attr<int64_t>("F")
+                                  .Attr<int64_t>("zero_exp")
+                                  .Attr<int64_t>("mode")
                                   .Attr<int64_t>("subnormals")
                                   .Attr<int64_t>("overflow_ieee")
                                   .Attr<int64_t>("flush_c")
