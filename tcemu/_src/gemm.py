@@ -309,13 +309,9 @@ def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None, scales=None):
     plan = cfg.k_schedule.plan(a_bits.shape[1], ins.k)
     if scales is not None:
         _check_block_aligned(plan, ins.scale_block, repr(ins.spelling))
-    if not _native_ok(ins, model, plan, key):
-        return _xla_gemm(a_bits, b_bits, cfg, ins, model, plan, key, scales)
-    fast, out_fmt = _native_gemm(a_bits, b_bits, ins, model, plan, scales)
-    # an output with a NaN/inf operand or a NaN scale is NaN on the kernel: recompute exactly
-    return jax.lax.cond(jnp.any(fm.decode(fast, out_fmt).is_nan),
-                        lambda: _xla_gemm(a_bits, b_bits, cfg, ins, model, plan, key, scales)[0],
-                        lambda: fast), out_fmt
+    if _native_ok(ins, model, plan, key):
+        return _native_gemm(a_bits, b_bits, ins, model, plan, scales)
+    return _xla_gemm(a_bits, b_bits, cfg, ins, model, plan, key, scales)
 
 
 def _native_ok(ins: Mma, model, plan, key) -> bool:
@@ -385,9 +381,8 @@ def _native_gemm(a_bits, b_bits, ins: Mma, model, plan, scales):
         sb = fm.Scale(*(groups(x, 0)[::sg] for x in sb))
         ch = native.grouped_chains(A, B, sa, sb, model, k=k, chain_k=g * k, lens=lens.reshape(-1))
     else:
-        p = engine.prepare(A, afmt, B, bfmt, model, a_exp=a_exp, b_exp=b_exp)
-        ch = native.chains(p, afmt, bfmt, model, k=k, chain_k=g * k, lens=lens.reshape(-1),
-                           scaled=scales is not None)
+        ch = native.chains(A, B, afmt, bfmt, model, k=k, chain_k=g * k, lens=lens.reshape(-1), a_exp=a_exp,
+                           b_exp=b_exp)
     acc = fm.FORMATS[ins.dtype]
     out = _combine(ch.reshape((S, G) + ch.shape[1:]), plan, acc)
     if nan is not None:

@@ -77,7 +77,7 @@ def _build() -> Path:
     import jaxlib
 
     cxx = os.environ.get("CXX", "c++")
-    flags = ["-O2", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread"]
+    flags = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread", "-Wno-psabi"]
     src = _SOURCE.read_bytes()
     key = hashlib.sha256(b"\0".join([src, jaxlib.__version__.encode(), " ".join([cxx] + flags).encode(),
                                      platform.machine().encode(), _cpu_flags().encode()])).hexdigest()[:16]
@@ -157,31 +157,58 @@ def _threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def chains(p, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, model, *, k: int, chain_k: int, lens, scaled: bool):
-    """Accumulator bits (C, M, N) of C chains of instructions over the K of
-    :func:`~tcemu._src.numerics.engine.prepare`-d operands ``p`` (A (M, C * chain_k), B
-    (C * chain_k, N)): chain c runs its first ``lens[c]`` elements (whole instructions) from +0.
-    Outputs with NaN/inf operands are NaN (the caller recomputes them)."""
+def _operand(bits, fmt: fm.FloatFormat, *, flush: bool, safe: bool, exp_add=None):
+    """One decode of an operand: (float32 values, int32 exponents with engine._prepare's
+    sentinels plus ``exp_add``, int32 classes). Values are exact: the element values if ``safe``,
+    else the signed integer significands. Classes (engine._product_flags, without flushing): bit 0
+    zero, 1 infinity, 2 NaN, 3 sign."""
+    d = fm.decode(bits, fmt, flush_subnormals=flush)
+    sig = jnp.where(d.sign != 0, -d.sig, d.sig).astype(jnp.float32)
+    if safe:
+        scale = jax.lax.bitcast_convert_type(((d.exp - fmt.fraction_bits + 127) << 23).astype(jnp.int32), jnp.float32)
+        sig = jnp.where(d.sig == 0, jnp.float32(0), sig * scale)
+    exp = jnp.where(d.is_nan | d.is_inf, _BIG, jnp.where(d.sig == 0, -_BIG // 4, d.exp))
+    if exp_add is not None:  # |scale exponents| < 2**10 keep the sentinels on their side
+        exp = exp + exp_add
+    u = jnp.asarray(bits).astype(jnp.uint32) >> fmt.shift
+    zero = (u & ((1 << (fmt.exponent_bits + fmt.fraction_bits)) - 1)) == 0
+    cls = zero.astype(jnp.int32) | (d.is_inf.astype(jnp.int32) << 1) | (d.is_nan.astype(jnp.int32) << 2) | (d.sign << 3)
+    return sig, exp.astype(jnp.int32), cls
+
+
+def chains(a_bits, b_bits, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, model, *, k: int, chain_k: int, lens,
+           a_exp=None, b_exp=None):
+    """Accumulator bits (C, M, N) of C chains of instructions over the K of ``a_bits`` (M,
+    C * chain_k) and ``b_bits`` (C * chain_k, N) (bit patterns; ``a_exp`` / ``b_exp``: exponents
+    added per element, the ue8m0 scales of ``kind::mxf8f6f4``): chain c runs its first ``lens[c]``
+    elements (whole instructions) from +0, as :func:`~tcemu._src.numerics.engine.fused_dot` would
+    (tf32 conversion and block order included). NaN/inf operands follow the engine's
+    special-value path."""
+    from tcemu._src.numerics import engine
+
     if not available():
         raise RuntimeError(f"tcemu: the CPU kernel is not available ({_state.get('error', 'TCEMU_NATIVE=0')})")
     flush = not model.subnormal_inputs
+    scaled = a_exp is not None or b_exp is not None
     safe = not scaled and afmt.name in _SAFE and bfmt.name in _SAFE
-
-    def values(bits, fmt):  # exact float32: signed significands, times 2**(exp - fraction bits) if safe
-        d = fm.decode(bits, fmt, flush_subnormals=flush)
-        sig = jnp.where(d.sign != 0, -d.sig, d.sig).astype(jnp.float32)
-        if not safe:
-            return sig
-        scale = jax.lax.bitcast_convert_type(((d.exp - fmt.fraction_bits + 127) << 23).astype(jnp.int32),
-                                             jnp.float32)
-        return jnp.where(d.sig == 0, jnp.float32(0), sig * scale)
-
-    (M, K), N = p.a_bits.shape, p.b_bits.shape[1]
+    a_bits, b_bits = jnp.asarray(a_bits).astype(jnp.uint32), jnp.asarray(b_bits).astype(jnp.uint32)
+    if model.tf32_conversion == "rna":
+        a_bits = engine.convert(a_bits, fm.F32, fm.TF32, "rna") if afmt is fm.TF32 else a_bits
+        b_bits = engine.convert(b_bits, fm.F32, fm.TF32, "rna") if bfmt is fm.TF32 else b_bits
+    perm = engine._order(k, model)
+    if perm is not None:  # one instruction's order, for every instruction of K
+        perm = (np.arange(0, a_bits.shape[1], k, dtype=np.int32)[:, None] + perm[None, :]).reshape(-1)
+        a_bits, b_bits = a_bits[:, perm], b_bits[perm]
+        a_exp = None if a_exp is None else a_exp[:, perm]
+        b_exp = None if b_exp is None else b_exp[perm]
+    va, ea, ca = _operand(a_bits, afmt, flush=flush, safe=safe, exp_add=a_exp)
+    vb, eb, cb = _operand(b_bits, bfmt, flush=flush, safe=safe, exp_add=b_exp)
+    (M, K), N = a_bits.shape, b_bits.shape[1]
     Mp, Np = -(-M // 4) * 4, -(-N // 16) * 16
-    va = jnp.pad(values(p.a_bits, afmt), ((0, Mp - M), (0, 0)))
-    vb = jnp.pad(values(p.b_bits, bfmt), ((0, 0), (0, Np - N)))
-    ea = jnp.pad(p.ea, ((0, Mp - M), (0, 0)), constant_values=-_BIG // 4)
-    eb = jnp.pad(p.eb, ((0, 0), (0, Np - N)), constant_values=-_BIG // 4)
+    rows, cols = ((0, Mp - M), (0, 0)), ((0, 0), (0, Np - N))
+    va, ca, vb, cb = jnp.pad(va, rows), jnp.pad(ca, rows), jnp.pad(vb, cols), jnp.pad(cb, cols)
+    ea = jnp.pad(ea, rows, constant_values=-_BIG // 4)
+    eb = jnp.pad(eb, cols, constant_values=-_BIG // 4)
     zpol = model.zero_exponent is not None and afmt.emin + bfmt.emin - (254 if scaled else 0) < model.zero_exponent
     L = min(model.block_size, k)
     attrs = dict(chain_k=chain_k, block=L, F=model.fraction_bits, group=max(1, min(L, 1 << (29 - model.fraction_bits))),
@@ -192,8 +219,9 @@ def chains(p, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, model, *, k: int, chai
                  mode=_MODES[model.rounding], p=model.accumulator_fraction_bits,
                  subnormals=int(model.subnormal_outputs), overflow_ieee=int(model.overflow == "ieee"),
                  flush_c=int(flush), threads=_threads())
-    call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct((K // chain_k, Mp, Np), jnp.uint32))
-    out = call(jnp.asarray(np.asarray(lens, np.int32)), va, ea.astype(jnp.int32), vb, eb.astype(jnp.int32),
+    call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct((K // chain_k, Mp, Np), jnp.uint32),
+                            vmap_method="sequential")
+    out = call(jnp.asarray(np.asarray(lens, np.int32)), va, ea, ca, vb, eb, cb,
                **{name: np.int64(v) for name, v in attrs.items()})
     return out[:, :M, :N]
 
@@ -221,7 +249,8 @@ def grouped_chains(a_bits, b_bits, sa: fm.Scale, sb: fm.Scale, model, *, k: int,
                  subnormals=int(model.subnormal_outputs), overflow_ieee=int(model.overflow == "ieee"),
                  flush_c=int(flush), threads=_threads())
     i32 = lambda x, pad: jnp.pad(x.astype(jnp.int32), pad)  # noqa: E731
-    call = jax.ffi.ffi_call(_GROUPED, jax.ShapeDtypeStruct((K // chain_k, Mp, Np), jnp.uint32))
+    call = jax.ffi.ffi_call(_GROUPED, jax.ShapeDtypeStruct((K // chain_k, Mp, Np), jnp.uint32),
+                            vmap_method="sequential")
     out = call(jnp.asarray(np.asarray(lens, np.int32)), jnp.pad(values(a_bits), rows), i32(sa.sig, rows),
                i32(sa.exp, rows), jnp.pad(values(b_bits), cols), i32(sb.sig, cols), i32(sb.exp, cols),
                **{name: np.int64(v) for name, v in attrs.items()})

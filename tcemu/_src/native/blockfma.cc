@@ -4,10 +4,11 @@
 // the alignment exponent E (largest product or accumulator exponent), every product truncated
 // toward zero F bits below E, an exact integer sum with the aligned accumulator (int32 groups as
 // the engine's _group_sums, added in int64 when one int32 word cannot hold the block), and one
-// rounding (rounding.round_pack32). Outputs whose block has a NaN/inf operand or a NaN/inf
-// accumulator become 0x7FFFFFFF: the caller computes those again on the exact path.
+// rounding (rounding.round_pack32); outputs whose block has a NaN/inf operand or accumulator take
+// the engine's special-value path (NaN, or an infinity).
 //
-// Operands: A values va (M, K) float32 and exponents ea (M, K) int32; B the same, (K, N).
+// Operands: A values va (M, K) float32, exponents ea and classes ca (M, K) int32; B the same, (K, N).
+// The kernel packs A by panels of R rows and each thread B by strips of W columns.
 // "safe" mode: va/vb are the exact element values (their products are exact float32 numbers far
 // from the range limits), so a term is trunc(va * vb * 2**(F - E)). Otherwise va/vb are the
 // signed integer significands (at most 12 bits) and a term is trunc(va * vb * 2**(ea + eb - fab -
@@ -20,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#if defined(__AVX512CD__) && defined(__AVX512F__)
+#if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -70,6 +71,23 @@ inline vu shl(vu x, vi n) {
   return n >= 32 ? splatu(0) : x << (vu)c;
 }
 
+inline bool any(vi x) {  // some lane nonzero
+#if defined(__AVX512F__)
+  __m512i v;
+  std::memcpy(&v, &x, sizeof v);
+  return _mm512_test_epi32_mask(v, v) != 0;
+#endif
+  typedef int32_t half __attribute__((vector_size(2 * W)));
+  half h[2];
+  std::memcpy(h, &x, sizeof x);
+  half o = h[0] | h[1];
+  int64_t w[W / 4];
+  std::memcpy(w, &o, sizeof o);
+  int64_t r = 0;
+  for (int i = 0; i < W / 4; i++) r |= w[i];
+  return r != 0;
+}
+
 inline vi clz(vu x) {  // 32 for 0
 #if defined(__AVX512CD__) && defined(__AVX512F__)
   static_assert(sizeof(vu) == sizeof(__m512i), "one AVX-512 vector");
@@ -95,9 +113,35 @@ inline vi clz(vu x) {  // 32 for 0
 // rounding.round_pack32 + _finish for the accumulator format (8 exponent bits, bias 127, emin
 // -126, emax 127, infinities), then exact_zero "+0".
 template <int Mode>
-inline vu round_pack(vi neg, vu m, vi q, const Params& P) {
+__attribute__((always_inline)) inline vu round_pack(vi neg, vu m, vi q, const Params& P) {
   const int p = P.p;
   vi lz = clz(m);
+  {  // the usual case, every lane nonzero with a normal result that cannot overflow: constant shifts
+    vi x = q + 31 - lz;
+    if (!any(~((x >= -126) & (x <= 126) & (vi)(m != 0)))) {
+      const uint32_t r = 31 - p;
+      vu top = m << (vu)lz;
+      vu n = top >> r;
+      vi rbit = (vi)((top >> (r - 1)) & 1u);
+      vi sticky = (top & ((1u << (r - 1)) - 1u)) != 0;
+      vi inc;
+      switch (Mode) {
+        case 0: inc = splat(0); break;
+        case 1: inc = rbit & (sticky | (vi)(n & 1u)); break;
+        case 2: inc = rbit; break;
+        case 3: inc = (rbit | (sticky & 1)) & ~neg; break;
+        default: inc = (rbit | (sticky & 1)) & neg; break;
+      }
+      if (Mode != 0) {
+        n = n + (vu)inc;
+        vi carry = (vi)(n >> (uint32_t)(p + 1));
+        n = n >> (vu)carry;
+        x = x + carry;
+      }
+      vu sbit = neg ? splatu(1u << (8 + p)) : splatu(0);
+      return (sbit | ((vu)(x + 127) << (uint32_t)p) | (n & ((1u << p) - 1u))) << (uint32_t)(23 - p);
+    }
+  }
   vu top = m << (vu)vmin(lz, splat(31));
   vi x = vmax(q + 31 - lz, splat(-126));
   vi r = x - p - q + lz;
@@ -142,10 +186,38 @@ inline vu round_pack(vi neg, vu m, vi q, const Params& P) {
 }
 
 // One strip of W columns, rows [m0, m0 + R), every chain. bs/es: the strip of B packed (K, W).
+// The special-value path of engine._fused for one output: NaN if a product is NaN (a NaN factor, or
+// inf * 0), the accumulator is NaN, or infinities of both signs meet; else the infinity's sign.
+// Classes: bit 0 zero significand, bit 1 infinity, bit 2 NaN, bit 3 sign.
+__attribute__((noinline)) uint32_t special_value(const int32_t* ca, const int32_t* cs, int64_t k0, int64_t L, uint32_t c) {
+  bool pos = false, neg = false, nan = false;
+  for (int64_t k = k0; k < k0 + L; k++) {
+    const int32_t a = ca[k], b = cs[k * W];
+    const bool pnan = (a & 4) || (b & 4) || ((a & 2) && (b & 1)) || ((a & 1) && (b & 2));
+    const bool pinf = ((a & 2) || (b & 2)) && !pnan;
+    nan |= pnan;
+    if (pinf) ((a ^ b) & 8 ? neg : pos) = true;
+  }
+  const bool cinf = (c & 0x7FFFFFFFu) == 0x7F800000u, cnan = (c & 0x7FFFFFFFu) > 0x7F800000u;
+  if (cinf) (c >> 31 ? neg : pos) = true;
+  if (nan || cnan || (pos && neg)) return 0x7FFFFFFFu;
+  return neg ? 0xFF800000u : 0x7F800000u;
+}
+
+// Rare: lanes with a NaN/inf operand or accumulator take special_value (out of the hot loop).
+__attribute__((noinline)) vu specials(vu bits, vi special, vu c, const int32_t* cls_a, const int32_t* cls_b,
+                                      int64_t k0, int64_t L) {
+  for (int j = 0; j < W; j++)
+    if (special[j]) bits[j] = special_value(cls_a, cls_b + j, k0, L, c[j]);
+  return bits;
+}
+
 template <bool Safe, int Mode, bool Wide>
-void strip(const Params& P, const int32_t* lens, const float* va, const int32_t* ea, const float* bs,
-           const int32_t* es, int64_t m0, int64_t n0, uint32_t* out) {
+void strip(const Params& P, const int32_t* lens, const float* va, const int32_t* ea, const int32_t* cls_a,
+           const float* bs, const int32_t* es, const int32_t* cls_b, int64_t m0, int64_t n0, uint32_t* out) {
   const int64_t K = P.K, N = P.N, M = P.M, L = P.block;
+  const float* pa = va + m0 * K;  // the rows' panel, packed (K, R)
+  const int32_t* pe = ea + m0 * K;
   const int F = (int)P.F;
   const int32_t split_bias = (int32_t)(F + 127) - P.ab_shift;
   for (int64_t c0 = 0; c0 < K; c0 += P.chain_k) {
@@ -169,7 +241,7 @@ void strip(const Params& P, const int32_t* lens, const float* va, const int32_t*
         vi e;
         std::memcpy(&e, es + k * W, sizeof e);
         for (int r = 0; r < R; r++) {
-          vi t = e + ea[(m0 + r) * K + k];
+          vi t = e + pe[k * R + r];
           if (P.zero_policy) t = (t < kZeroBelow) ? splat(P.zero_exp) : t;
           E[r] = vmax(E[r], t);
         }
@@ -192,7 +264,7 @@ void strip(const Params& P, const int32_t* lens, const float* va, const int32_t*
           vf b;
           std::memcpy(&b, bs + k * W, sizeof b);
           for (int r = 0; r < R; r++)
-            S[r] += __builtin_convertvector((b * va[(m0 + r) * K + k]) * scale[r], vi);
+            S[r] += __builtin_convertvector((b * pa[k * R + r]) * scale[r], vi);
           if (Wide && ((k - k0 + 1) % P.group == 0 || k + 1 == k0 + L))
             for (int r = 0; r < R; r++) S64[r] += __builtin_convertvector(S[r], vl), S[r] = splat(0);
         }
@@ -205,11 +277,11 @@ void strip(const Params& P, const int32_t* lens, const float* va, const int32_t*
           std::memcpy(&b, bs + k * W, sizeof b);
           std::memcpy(&e, es + k * W, sizeof e);
           for (int r = 0; r < R; r++) {
-            vi x = vmax(e + (ea[(m0 + r) * K + k] + base[r]), splat(1));
+            vi x = vmax(e + (pe[k * R + r] + base[r]), splat(1));
             vu u = (vu)x << 23u;
             vf s;
             std::memcpy(&s, &u, sizeof u);
-            S[r] += __builtin_convertvector((b * va[(m0 + r) * K + k]) * s, vi);
+            S[r] += __builtin_convertvector((b * pa[k * R + r]) * s, vi);
           }
           if (Wide && ((k - k0 + 1) % P.group == 0 || k + 1 == k0 + L))
             for (int r = 0; r < R; r++) S64[r] += __builtin_convertvector(S[r], vl), S[r] = splat(0);
@@ -238,7 +310,7 @@ void strip(const Params& P, const int32_t* lens, const float* va, const int32_t*
           bits = round_pack<Mode>(neg, mag, E[r] - F, P);
         }
         vi special = (E[r] > kSpecialAbove) | cspecial[r];
-        acc[r] = special ? splatu(0x7FFFFFFFu) : bits;
+        acc[r] = any(special) ? specials(bits, special, acc[r], cls_a + (m0 + r) * K, cls_b, k0, L) : bits;
       }
     }
     const int64_t chain = c0 / P.chain_k;
@@ -254,22 +326,25 @@ auto pick(int mode) {
          : mode == 3 ? strip<Safe, 3, Wide> : strip<Safe, 4, Wide>;
 }
 
-void worker(const Params& P, const int32_t* lens, const float* va, const int32_t* ea, const float* vb,
-            const int32_t* eb, uint32_t* out, int64_t s_begin, int64_t s_end) {
+void worker(const Params& P, const int32_t* lens, const float* va, const int32_t* ea, const int32_t* ca,
+            const float* vb, const int32_t* eb, const int32_t* cb, uint32_t* out, int64_t s_begin,
+            int64_t s_end) {
   const int64_t K = P.K, N = P.N;
   const bool wide = P.group < P.block || P.block * (int64_t(1) << (P.F + 2)) + (int64_t(1) << (P.F + 1)) >
                                              (int64_t(1) << 32);
   auto run = P.safe ? (wide ? pick<true, true>(P.mode) : pick<true, false>(P.mode))
                     : (wide ? pick<false, true>(P.mode) : pick<false, false>(P.mode));
   std::vector<float> bs(K * W);
-  std::vector<int32_t> es(K * W);
+  std::vector<int32_t> es(K * W), cs(K * W);
   for (int64_t s = s_begin; s < s_end; s++) {
     const int64_t n0 = s * W;
     for (int64_t k = 0; k < K; k++) {
       std::memcpy(&bs[k * W], vb + k * N + n0, W * sizeof(float));
       std::memcpy(&es[k * W], eb + k * N + n0, W * sizeof(int32_t));
+      std::memcpy(&cs[k * W], cb + k * N + n0, W * sizeof(int32_t));
     }
-    for (int64_t m0 = 0; m0 < P.M; m0 += R) run(P, lens, va, ea, bs.data(), es.data(), m0, n0, out);
+    for (int64_t m0 = 0; m0 < P.M; m0 += R)
+      run(P, lens, va, ea, ca, bs.data(), es.data(), cs.data(), m0, n0, out);
   }
 }
 
@@ -289,7 +364,7 @@ struct GParams {
   bool subnormals, overflow_ieee, flush_c;
 };
 
-inline vl shift64(vl x, vi sh) {  // x * 2**sh truncated toward zero (x >= 0), 0 from 64 bits down
+static inline vl shift64(vl x, vi sh) {  // x * 2**sh truncated toward zero (x >= 0), 0 from 64 bits down
   vl s = __builtin_convertvector(sh, vl);
   vl left = x << (s < 0 ? (vl){} : (s > 62 ? (vl){} + 62 : s));
   vl right = x >> (s >= 0 ? (vl){} : (-s > 63 ? (vl){} + 63 : -s));
@@ -363,7 +438,8 @@ void gstrip(const GParams& P, const int32_t* lens, const float* va, const float*
         vul lost = mag & (((vul){} + 1) << s64) - 1;
         vu m32 = __builtin_convertvector(mag >> s64, vu) | (vu)(__builtin_convertvector(lost != 0, vi) & 1);
         vu bits = round_pack<Mode>(__builtin_convertvector(negl, vi), m32, E[r] - F + sh, rp);
-        acc[r] = cspecial[r] ? splatu(0x7FFFFFFFu) : bits;
+        vu cmag = acc[r] & 0x7FFFFFFFu;  // an infinite accumulator stays, a NaN one is canonical
+        acc[r] = cspecial[r] ? (cmag == 0x7F800000u ? acc[r] : splatu(0x7FFFFFFFu)) : bits;
       }
     }
     const int64_t chain = c0 / P.chain_k;
@@ -422,8 +498,9 @@ ffi::Error Grouped(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::F32> va, ffi::Bu
   return ffi::Error::Success();
 }
 
-ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::F32> va, ffi::Buffer<ffi::S32> ea, ffi::Buffer<ffi::F32> vb,
-                  ffi::Buffer<ffi::S32> eb, ffi::ResultBuffer<ffi::U32> out, int64_t chain_k, int64_t block,
+ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::F32> va, ffi::Buffer<ffi::S32> ea,
+                  ffi::Buffer<ffi::S32> ca, ffi::Buffer<ffi::F32> vb, ffi::Buffer<ffi::S32> eb,
+                  ffi::Buffer<ffi::S32> cb, ffi::ResultBuffer<ffi::U32> out, int64_t chain_k, int64_t block,
                   int64_t F, int64_t group, int64_t safe, int64_t ab_shift, int64_t zero_policy, int64_t zero_exp,
                   int64_t has_min_exp, int64_t min_exp, int64_t mode, int64_t p, int64_t subnormals,
                   int64_t overflow_ieee, int64_t flush_c, int64_t threads) {
@@ -442,17 +519,28 @@ ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::F32> va, ffi::Buf
   int64_t T = threads < 1 ? 1 : threads;
   if (T > strips) T = strips;
   const int32_t* l = lens.typed_data();
-  const float* a = va.typed_data();
-  const int32_t* e = ea.typed_data();
+  // A packed by panels of R rows, (M / R, K, R): each panel's reads are contiguous
+  std::vector<float> apack(P.M * P.K);
+  std::vector<int32_t> epack(P.M * P.K);
+  for (int64_t m = 0; m < P.M; m++)
+    for (int64_t k = 0; k < P.K; k++) {
+      const int64_t at = ((m / R) * P.K + k) * R + m % R;
+      apack[at] = va.typed_data()[m * P.K + k];
+      epack[at] = ea.typed_data()[m * P.K + k];
+    }
+  const float* a = apack.data();
+  const int32_t* e = epack.data();
   const float* b = vb.typed_data();
   const int32_t* f = eb.typed_data();
+  const int32_t* x = ca.typed_data();
+  const int32_t* y = cb.typed_data();
   uint32_t* o = out->typed_data();
   if (T == 1) {
-    worker(P, l, a, e, b, f, o, 0, strips);
+    worker(P, l, a, e, x, b, f, y, o, 0, strips);
   } else {
     std::vector<std::thread> pool;
     for (int64_t t = 0; t < T; t++)
-      pool.emplace_back(worker, std::cref(P), l, a, e, b, f, o, strips * t / T, strips * (t + 1) / T);
+      pool.emplace_back(worker, std::cref(P), l, a, e, x, b, f, y, o, strips * t / T, strips * (t + 1) / T);
     for (auto& th : pool) th.join();
   }
   return ffi::Error::Success();
@@ -465,7 +553,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(tcemu_blockfma_chains, Chains,
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::U32>>()
                                   .Attr<int64_t>("chain_k")
