@@ -3,7 +3,7 @@
 // models listed in tcemu/_src/native/__init__.py (supports): per output, per block of L products,
 // the alignment exponent E (largest product or accumulator exponent), every product truncated
 // toward zero F bits below E, an exact integer sum with the aligned accumulator (int32 groups as
-// the engine's _group_sums, added in int64 when one int32 word cannot hold the block), and one
+// the engine's _group_sums, added as two words when one int32 word cannot hold the block), and one
 // rounding (rounding.round_pack32); outputs whose block has a NaN/inf operand or accumulator take
 // the engine's special-value path (NaN, or an infinity).
 //
@@ -36,8 +36,6 @@ constexpr int R = 4;   // output rows sharing the loads of B
 typedef int32_t vi __attribute__((vector_size(4 * W)));
 typedef uint32_t vu __attribute__((vector_size(4 * W)));
 typedef float vf __attribute__((vector_size(4 * W)));
-typedef int64_t vl __attribute__((vector_size(8 * W)));
-typedef uint64_t vul __attribute__((vector_size(8 * W)));
 
 constexpr int32_t kSpecialAbove = 1 << 19;  // engine._SPECIAL_ABOVE
 constexpr int32_t kZeroBelow = -(1 << 17);  // engine._ZERO_BELOW
@@ -186,6 +184,25 @@ __attribute__((always_inline)) inline vu round_pack(vi neg, vu m, vi q, const Pa
 }
 
 // One strip of W columns, rows [m0, m0 + R), every chain. bs/es: the strip of B packed (K, W).
+// A signed sum held as two int32 words, hi * 2**split + lo (any lo): its sign, and its magnitude
+// brought to one uint32 word m with the bits shifted out (sh of them) ORed into bit 0 as a sticky
+// bit, so that round_pack(neg, m, q + sh) rounds it exactly (the kept bits lie above bit 0).
+template <int Split>
+__attribute__((always_inline)) inline void norm2(vi hi, vi lo, vi& neg, vu& m, vi& sh) {
+  constexpr int32_t mask = (1 << Split) - 1;
+  hi = hi + (lo >> Split);
+  lo = lo & mask;
+  neg = hi < 0;
+  vi nz = lo != 0;
+  vu mlo = (vu)((neg & nz) ? (1 << Split) - lo : lo);
+  vu mhi = (vu)(neg ? -hi + nz : hi);  // nz is -1 where lo != 0
+  vi bits = 32 - clz(mhi);             // magnitude < 2**(Split + bits)
+  sh = vmax(bits - (32 - Split), splat(0));
+  vu s = (vu)sh;
+  vu lost = mlo & ((splatu(1) << s) - 1u);
+  m = (mhi << (vu)(Split - sh)) | (mlo >> s) | (vu)((vi)(lost != 0) & 1);
+}
+
 // The special-value path of engine._fused for one output: NaN if a product is NaN (a NaN factor, or
 // inf * 0), the accumulator is NaN, or infinities of both signs meet; else the infinity's sign.
 // Classes: bit 0 zero significand, bit 1 infinity, bit 2 NaN, bit 3 sign.
@@ -246,12 +263,11 @@ void strip(const Params& P, const int32_t* lens, const float* va, const int32_t*
           E[r] = vmax(E[r], t);
         }
       }
-      vi S[R];
-      vl S64[R];
+      vi S[R], Shi[R], Slo[R];  // Wide: the int32 group sums added as two 16-bit-split words
       for (int r = 0; r < R; r++) {
         if (P.has_min_exp) E[r] = vmax(E[r], splat(P.min_exp));
         S[r] = splat(0);
-        if (Wide) S64[r] = (vl){};
+        if (Wide) Shi[r] = Slo[r] = splat(0);
       }
       if (Safe) {
         vf scale[R];
@@ -266,7 +282,7 @@ void strip(const Params& P, const int32_t* lens, const float* va, const int32_t*
           for (int r = 0; r < R; r++)
             S[r] += __builtin_convertvector((b * pa[k * R + r]) * scale[r], vi);
           if (Wide && ((k - k0 + 1) % P.group == 0 || k + 1 == k0 + L))
-            for (int r = 0; r < R; r++) S64[r] += __builtin_convertvector(S[r], vl), S[r] = splat(0);
+            for (int r = 0; r < R; r++) Shi[r] += S[r] >> 16, Slo[r] += S[r] & 0xFFFF, S[r] = splat(0);
         }
       } else {
         vi base[R];
@@ -284,7 +300,7 @@ void strip(const Params& P, const int32_t* lens, const float* va, const int32_t*
             S[r] += __builtin_convertvector((b * pa[k * R + r]) * s, vi);
           }
           if (Wide && ((k - k0 + 1) % P.group == 0 || k + 1 == k0 + L))
-            for (int r = 0; r < R; r++) S64[r] += __builtin_convertvector(S[r], vl), S[r] = splat(0);
+            for (int r = 0; r < R; r++) Shi[r] += S[r] >> 16, Slo[r] += S[r] & 0xFFFF, S[r] = splat(0);
         }
       }
       for (int r = 0; r < R; r++) {
@@ -293,15 +309,11 @@ void strip(const Params& P, const int32_t* lens, const float* va, const int32_t*
         vi tc = cs >> sh;
         tc = ((vi)acc[r] < 0) ? -tc : tc;
         vu bits;
-        if (Wide) {  // exact int64 sum, brought to 32 bits with the shifted-out bits as a sticky bit
-          vl tot = S64[r] + __builtin_convertvector(tc, vl);
-          vl negl = tot < 0;
-          vul mag = (vul)(negl ? -tot : tot);
-          vi sh = 32 - clz(__builtin_convertvector(mag >> 32, vu));
-          vul shl64 = __builtin_convertvector(sh, vul);
-          vul lost = mag & (((vul){} + 1) << shl64) - 1;
-          vu m32 = __builtin_convertvector(mag >> shl64, vu) | (vu)(__builtin_convertvector(lost != 0, vi) & 1);
-          bits = round_pack<Mode>(__builtin_convertvector(negl, vi), m32, E[r] - F + sh, P);
+        if (Wide) {  // the exact sum in two words, brought to one with a sticky bit
+          vi neg, sh;
+          vu m32;
+          norm2<16>(Shi[r] + (tc >> 16), Slo[r] + (tc & 0xFFFF), neg, m32, sh);
+          bits = round_pack<Mode>(neg, m32, E[r] - F + sh, P);
         } else {  // |sum| < 2**32: one int32 sum with wrap-around, the sign from the overflow
           vi s = (vi)((vu)S[r] + (vu)tc);
           vi neg = (((S[r] ^ s) & (tc ^ s)) < 0) ? (S[r] < 0) : (s < 0);
@@ -353,7 +365,7 @@ void worker(const Params& P, const int32_t* lens, const float* va, const int32_t
 // products, every group of G consecutive products is summed exactly (e2m1 values times 2, as
 // float32: every partial sum is an exact integer below 2**12), multiplied by its two scale
 // significands and aligned by the scale exponents only (2**(F - 8 + e_g - E)), with the
-// accumulator; the exact int64 sum is rounded once. va (M, K) / vb (K, N): e2m1 values times 2;
+// accumulator; the exact two-word sum is rounded once. va (M, K) / vb (K, N): e2m1 values times 2;
 // the products are the group sums' units (2**-2), the scale significands 2**-6 (hence F - 8).
 // sas/sae (M, K / G), sbs/sbe (K / G, N): scale significands (times 2**3) and exponents.
 
@@ -364,11 +376,12 @@ struct GParams {
   bool subnormals, overflow_ieee, flush_c;
 };
 
-static inline vl shift64(vl x, vi sh) {  // x * 2**sh truncated toward zero (x >= 0), 0 from 64 bits down
-  vl s = __builtin_convertvector(sh, vl);
-  vl left = x << (s < 0 ? (vl){} : (s > 62 ? (vl){} + 62 : s));
-  vl right = x >> (s >= 0 ? (vl){} : (-s > 63 ? (vl){} + 63 : -s));
-  return s >= 0 ? left : right;
+// m * 2**sh truncated toward zero (m < 2**24, sh <= 31) as two words hi * 2**24 + lo (grouped._terms)
+inline void terms24(vu m, vi sh, vi& hi, vi& lo) {
+  vu mt = sh < 0 ? shr(m, -sh) : m;
+  vi s2 = vmax(sh, splat(0));
+  hi = (vi)(s2 >= 24 ? shl(mt, s2 - 24) : shr(mt, 24 - s2));
+  lo = (vi)(shl(mt, s2) & 0xFFFFFFu);
 }
 
 template <int Mode>
@@ -422,22 +435,21 @@ void gstrip(const GParams& P, const int32_t* lens, const float* va, const float*
         }
       }
       for (int r = 0; r < R; r++) {
-        vl tot = (vl){};
+        vi Shi = splat(0), Slo = splat(0), h, l;
         for (int64_t g = 0; g < ng; g++) {
           vi t = T[r][g];
-          vl m = __builtin_convertvector(t < 0 ? -t : t, vl);
-          vl term = shift64(m, F - 8 + eg[r][g] - E[r]);
-          tot += __builtin_convertvector(t < 0, vl) ? -term : term;
+          terms24((vu)(t < 0 ? -t : t), F - 8 + eg[r][g] - E[r], h, l);
+          Shi += t < 0 ? -h : h;
+          Slo += t < 0 ? -l : l;
         }
-        vl cterm = shift64(__builtin_convertvector(csig[r], vl), F - 23 + cexp[r] - E[r]);
-        tot += __builtin_convertvector((vi)acc[r] < 0, vl) ? -cterm : cterm;
-        vl negl = tot < 0;
-        vul mag = (vul)(negl ? -tot : tot);
-        vi sh = 32 - clz(__builtin_convertvector(mag >> 32, vu));
-        vul s64 = __builtin_convertvector(sh, vul);
-        vul lost = mag & (((vul){} + 1) << s64) - 1;
-        vu m32 = __builtin_convertvector(mag >> s64, vu) | (vu)(__builtin_convertvector(lost != 0, vi) & 1);
-        vu bits = round_pack<Mode>(__builtin_convertvector(negl, vi), m32, E[r] - F + sh, rp);
+        terms24((vu)csig[r], F - 23 + cexp[r] - E[r], h, l);
+        vi cneg = (vi)acc[r] < 0;
+        Shi += cneg ? -h : h;
+        Slo += cneg ? -l : l;
+        vi neg, sh;
+        vu m32;
+        norm2<24>(Shi, Slo, neg, m32, sh);
+        vu bits = round_pack<Mode>(neg, m32, E[r] - F + sh, rp);
         vu cmag = acc[r] & 0x7FFFFFFFu;  // an infinite accumulator stays, a NaN one is canonical
         acc[r] = cspecial[r] ? (cmag == 0x7F800000u ? acc[r] : splatu(0x7FFFFFFFu)) : bits;
       }
