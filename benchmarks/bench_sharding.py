@@ -8,9 +8,9 @@ with the bits of the two compared:
 * ``matmul``: an S x S x S fp16 -> fp32 ``tcemu.matmul`` (H100 ``wgmma`` numerics), A's rows
   sharded; the result comes back sharded by rows.
 * ``train step``: ``jax.value_and_grad`` of a two-layer MLP whose layers call
-  ``tcemu.dot_general`` (bf16 ``mma.sync`` numerics), the batch sharded, the weights replicated
-  (data parallelism). The gradients are compared; the loss is a native float32 ``jnp.mean``,
-  whose summation order XLA chooses per partitioning.
+  ``tcemu.dot_general`` (bf16 ``mma.sync`` numerics, forward and backward GEMMs), the batch
+  sharded, the weights replicated (data parallelism). The gradients are compared; the loss is a
+  native float32 ``jnp.mean``, whose summation order XLA chooses per partitioning.
 * ``vmap warps``: a register-level program (``wmma.load.a``, ``wmma.load.b``, ``wmma.mma``,
   ``wmma.store.d``) vmapped over warps, the warp axis sharded.
 """
@@ -62,7 +62,8 @@ def main():
     rows.append(_compare(f"matmul {S}^3 f16", mm, (a, b), (P("d", None), P()), mesh, args.repeats))
 
     B, Wd = args.batch, args.width
-    dcfg = tcemu.GemmConfig(arch="H100", instruction="mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32")
+    base = tcemu.GemmConfig(arch="H100", instruction="mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32")
+    dcfg = base.replace(grad_lhs=base, grad_rhs=base)  # the backward GEMMs emulated too
     dn = (((1,), (0,)), ((), ()))
 
     def loss(params, x, y):

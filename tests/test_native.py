@@ -247,3 +247,13 @@ def test_grouped_model_options_equal_engine(monkeypatch, changes):
     sa = jnp.asarray(rng.integers(60, 200, (8, 4)).astype(np.uint32))
     sb = jnp.asarray(rng.integers(60, 200, (4, 16)).astype(np.uint32))
     _check(monkeypatch, cfg, a, b, (sa, sb))
+
+
+@pytest.mark.parametrize("sched", SCHEDULES, ids=lambda s: str(s.get("k_order") or "kschedule"))
+def test_chains_one_at_a_time_equal_engine(monkeypatch, sched):
+    """Large GEMMs fold their chains one at a time (memory O(M N)); pairwise reductions of many
+    slices go to the engine."""
+    monkeypatch.setattr(gemm, "_NATIVE_CHAIN_BYTES", 0)
+    rng = np.random.default_rng(19)
+    cfg = tcemu.GemmConfig(arch="H100", instruction=H100_F16, **sched)
+    _check(monkeypatch, cfg, _bits(rng, (12, 300), "f16"), _bits(rng, (300, 20), "f16"))

@@ -310,7 +310,10 @@ def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None, scales=None):
     if scales is not None:
         _check_block_aligned(plan, ins.scale_block, repr(ins.spelling))
     if _native_ok(ins, model, plan, key):
-        return _native_gemm(a_bits, b_bits, ins, model, plan, scales)
+        try:
+            return _native_gemm(a_bits, b_bits, ins, model, plan, scales)
+        except _TooLarge:
+            pass
     return _xla_gemm(a_bits, b_bits, cfg, ins, model, plan, key, scales)
 
 
@@ -348,7 +351,9 @@ def _combine(chains, plan, acc):
 
 
 def _native_gemm(a_bits, b_bits, ins: Mma, model, plan, scales):
-    """The GEMM on the compiled CPU kernel: every chain of the plan at once, then :func:`_combine`."""
+    """The GEMM on the compiled CPU kernel: every chain of the plan (slices, promotion groups) at
+    once, then :func:`_combine`; or, when their results would take more than
+    ``_NATIVE_CHAIN_BYTES``, one chain at a time folded in order (:func:`_combine_streamed`)."""
     afmt, bfmt = fm.FORMATS[ins.atype], fm.FORMATS[ins.btype]
     A, B = _lay_k(jnp.asarray(a_bits), plan, 1), _lay_k(jnp.asarray(b_bits), plan, 0)
     a_exp = b_exp = nan = None
@@ -374,20 +379,68 @@ def _native_gemm(a_bits, b_bits, ins: Mma, model, plan, scales):
     a_exp = None if a_exp is None else groups(a_exp, 1)
     b_exp = None if b_exp is None else groups(b_exp, 0)
     runs = plan.valid.sum(axis=1)[:, None] - g * np.arange(G)[None, :]
-    lens = np.clip(runs, 0, g) * k
+    lens = (np.clip(runs, 0, g) * k).reshape(-1)
     if model.scale_group is not None:  # grouped fp4: one scale per group of G elements
         sg = model.scale_group
         sa = fm.Scale(*(groups(x, 1)[:, ::sg] for x in sa))
         sb = fm.Scale(*(groups(x, 0)[::sg] for x in sb))
-        ch = native.grouped_chains(A, B, sa, sb, model, k=k, chain_k=g * k, lens=lens.reshape(-1))
-    else:
-        ch = native.chains(A, B, afmt, bfmt, model, k=k, chain_k=g * k, lens=lens.reshape(-1), a_exp=a_exp,
-                           b_exp=b_exp)
+
+    def run(c0, n, lens):  # chains c0 .. c0 + n - 1
+        ck = g * k
+        cut = lambda x, ax, w=1: jax.lax.dynamic_slice_in_dim(x, c0 * ck // w, n * ck // w, axis=ax)  # noqa: E731
+        if model.scale_group is not None:
+            return native.grouped_chains(cut(A, 1), cut(B, 0), fm.Scale(*(cut(x, 1, sg) for x in sa)),
+                                         fm.Scale(*(cut(x, 0, sg) for x in sb)), model, k=k, chain_k=ck, lens=lens)
+        return native.chains(cut(A, 1), cut(B, 0), afmt, bfmt, model, k=k, chain_k=ck, lens=lens,
+                             a_exp=None if a_exp is None else cut(a_exp, 1), b_exp=None if b_exp is None else cut(b_exp, 0))
+
     acc = fm.FORMATS[ins.dtype]
-    out = _combine(ch.reshape((S, G) + ch.shape[1:]), plan, acc)
+    M, N = a_bits.shape[0], b_bits.shape[1]
+    if S * G * M * N * 4 > _NATIVE_CHAIN_BYTES and plan.reduces:  # one chain at a time, memory O(M N)
+        if plan.slices > 1 and plan.schedule.reduction != "sequential":
+            raise _TooLarge
+        out = _combine_streamed(lambda c: run(c, 1, jnp.asarray(lens)[c][None])[0], plan, acc, G, (M, N))
+    else:
+        ch = run(0, S * G, lens)
+        out = _combine(ch.reshape((S, G) + ch.shape[1:]), plan, acc)
     if nan is not None:
         out = jnp.where(nan, jnp.uint32(fm.F32.canonical_nan), out)
     return out, fm.F32 if plan.reduces else acc
+
+
+# all chains of a GEMM at once up to this many bytes of chain results; beyond, one at a time
+_NATIVE_CHAIN_BYTES = 1 << 28
+
+
+class _TooLarge(Exception):
+    """Many pairwise-reduced slices of a large GEMM: the kernel path would hold them all."""
+
+
+def _combine_streamed(chain, plan, acc, G: int, shape):
+    """:func:`_combine` of chains computed one by one (``chain(c)``: accumulator bits (M, N) of
+    chain c = slice * G + group), for sequential reductions: promotion groups and slices folded
+    in order, so that only O(M N) is alive."""
+    sched = plan.schedule
+
+    def f32_add(x, y):
+        return engine.add(x, y, fm.F32, "rne")
+
+    def one_slice(s):
+        if not plan.group:
+            return _f32_bits(chain(s * G), acc)
+        first = f32_add(jnp.zeros(shape, jnp.uint32), _f32_bits(chain(s * G), acc))
+        return jax.lax.fori_loop(1, G, lambda j, t: f32_add(t, _f32_bits(chain(s * G + j), acc)), first)
+
+    def partial(s):
+        x = one_slice(s)
+        if sched.partials != "f32":
+            low = fm.FORMATS[sched.partials]
+            x = engine.convert(engine.convert(x, fm.F32, low, "rne"), low, fm.F32)
+        return x
+
+    if plan.slices == 1:
+        return one_slice(0)
+    return jax.lax.fori_loop(1, plan.slices, lambda s, t: f32_add(t, partial(s)), partial(0))
 
 
 def _xla_gemm(a_bits, b_bits, cfg: GemmConfig, ins: Mma, model, plan, key, scales):

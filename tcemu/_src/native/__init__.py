@@ -221,7 +221,7 @@ def chains(a_bits, b_bits, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, model, *,
                  flush_c=int(flush), threads=_threads())
     call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct((K // chain_k, Mp, Np), jnp.uint32),
                             vmap_method="sequential")
-    out = call(jnp.asarray(np.asarray(lens, np.int32)), va, ea, ca, vb, eb, cb,
+    out = call(jnp.asarray(lens, jnp.int32), va, ea, ca, vb, eb, cb,
                **{name: np.int64(v) for name, v in attrs.items()})
     return out[:, :M, :N]
 
@@ -251,7 +251,7 @@ def grouped_chains(a_bits, b_bits, sa: fm.Scale, sb: fm.Scale, model, *, k: int,
     i32 = lambda x, pad: jnp.pad(x.astype(jnp.int32), pad)  # noqa: E731
     call = jax.ffi.ffi_call(_GROUPED, jax.ShapeDtypeStruct((K // chain_k, Mp, Np), jnp.uint32),
                             vmap_method="sequential")
-    out = call(jnp.asarray(np.asarray(lens, np.int32)), jnp.pad(values(a_bits), rows), i32(sa.sig, rows),
+    out = call(jnp.asarray(lens, jnp.int32), jnp.pad(values(a_bits), rows), i32(sa.sig, rows),
                i32(sa.exp, rows), jnp.pad(values(b_bits), cols), i32(sb.sig, cols), i32(sb.exp, cols),
                **{name: np.int64(v) for name, v in attrs.items()})
     return out[:, :M, :N]
