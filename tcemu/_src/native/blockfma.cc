@@ -37,6 +37,7 @@ typedef int32_t vi __attribute__((vector_size(4 * W)));
 typedef uint32_t vu __attribute__((vector_size(4 * W)));
 typedef float vf __attribute__((vector_size(4 * W)));
 
+constexpr int64_t kThreadsFrom = int64_t(1) << 21;  // products of a call worth several threads
 constexpr int32_t kSpecialAbove = 1 << 19;  // engine._SPECIAL_ABOVE
 constexpr int32_t kZeroBelow = -(1 << 17);  // engine._ZERO_BELOW
 
@@ -476,6 +477,7 @@ ffi::Error Grouped(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::F32> va, ffi::Bu
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tcemu grouped: bad shapes or attributes");
   const int64_t K = P.K, N = P.N, KG = K / group, strips = N / W;
   int64_t T = threads < 1 ? 1 : (threads > strips ? strips : threads);
+  if (P.M * P.N * P.K < kThreadsFrom) T = 1;  // small calls: threads cost more than they save
   const float* a = va.typed_data();
   std::vector<float> aabs(a, a + P.M * K);
   for (auto& x : aabs) x = x < 0 ? -x : x;
@@ -529,6 +531,7 @@ ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::F32> va, ffi::Buf
                       "one length per chain, F <= 29");
   const int64_t strips = P.N / W;
   int64_t T = threads < 1 ? 1 : threads;
+  if (P.M * P.N * P.K < kThreadsFrom) T = 1;  // small calls: threads cost more than they save
   if (T > strips) T = strips;
   const int32_t* l = lens.typed_data();
   // A packed by panels of R rows, (M / R, K, R): each panel's reads are contiguous
