@@ -76,9 +76,8 @@ def _model(cfg):
 
 def _check(monkeypatch, cfg, a, b, scales=None):
     """gemm_bits on the kernel against gemm_bits on the engine: same bits, same format."""
-    plan = cfg.k_schedule.plan(a.shape[1], cfg.ins.k)
     monkeypatch.setenv("TCEMU_NATIVE", "1")
-    assert gemm._native_ok(cfg.ins, _model(cfg), plan, None), "the kernel must cover this case"
+    assert gemm._native_ok(cfg.ins, _model(cfg)), "the kernel must cover this case"
     got, f1 = _run(monkeypatch, a, b, cfg, "1", scales)
     want, f0 = _run(monkeypatch, a, b, cfg, "0", scales)
     assert f1 is f0
@@ -192,15 +191,14 @@ def test_matmul_uses_kernel_and_not_outside_its_models(monkeypatch):
     """What runs where: f32 accumulation on the CPU takes the kernel; f16 accumulation, sticky
     alignment and stochastic rounding stay on the engine; TCEMU_NATIVE=0 turns it off."""
     cfg = tcemu.GemmConfig(arch="H100", instruction=H100_F16)
-    plan = cfg.k_schedule.plan(64, 16)
-    assert gemm._native_ok(cfg.ins, _model(cfg), plan, None)
+    assert gemm._native_ok(cfg.ins, _model(cfg))
     f16acc = tcemu.GemmConfig(arch="H100", instruction="mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16")
-    assert not gemm._native_ok(f16acc.ins, _model(f16acc), plan, None)
+    assert not gemm._native_ok(f16acc.ins, _model(f16acc))
     for changes in (dict(sticky=True), dict(rounding="stochastic"), dict(block_sum="separate")):
         m = _model(cfg).replace(**changes)
-        assert not gemm._native_ok(cfg.ins, m, plan, None)
+        assert not gemm._native_ok(cfg.ins, m)
     monkeypatch.setenv("TCEMU_NATIVE", "0")
-    assert not gemm._native_ok(cfg.ins, _model(cfg), plan, None)
+    assert not gemm._native_ok(cfg.ins, _model(cfg))
     monkeypatch.setenv("TCEMU_NATIVE", "2")
     with pytest.raises(ValueError, match="TCEMU_NATIVE"):
         native.available()

@@ -309,7 +309,7 @@ def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None, scales=None):
     plan = cfg.k_schedule.plan(a_bits.shape[1], ins.k)
     if scales is not None:
         _check_block_aligned(plan, ins.scale_block, repr(ins.spelling))
-    if _native_ok(ins, model, plan, key):
+    if _native_ok(ins, model):
         try:
             return _native_gemm(a_bits, b_bits, ins, model, plan, scales)
         except _TooLarge:
@@ -317,7 +317,7 @@ def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None, scales=None):
     return _xla_gemm(a_bits, b_bits, cfg, ins, model, plan, key, scales)
 
 
-def _native_ok(ins: Mma, model, plan, key) -> bool:
+def _native_ok(ins: Mma, model) -> bool:
     """Whether the compiled CPU kernel (tcemu/_src/native) runs this GEMM: f32 accumulation and a
     model it covers."""
     if ins.dtype != "f32" or model.stochastic:
@@ -447,7 +447,7 @@ def _xla_gemm(a_bits, b_bits, cfg: GemmConfig, ins: Mma, model, plan, key, scale
     """:func:`gemm_bits` in pure JAX (any backend, every model): tiles of the instruction's
     (m, n), the K loop a scan over instructions, row blocks by ``lax.map``."""
     m, n, k = ins.m, ins.n, ins.k
-    (M, K), N = a_bits.shape, b_bits.shape[1]
+    M, N = a_bits.shape[0], b_bits.shape[1]
     sched = plan.schedule
     Mp, Np = -(-M // m) * m, -(-N // n) * n
     A = _tiles(_lay_k(jnp.pad(a_bits, ((0, Mp - M), (0, 0))), plan, 1), m, k)  # (Mt, S*T, m, k)
