@@ -325,35 +325,45 @@ def _native_ok(ins: Mma, model) -> bool:
     return native.use(model, fm.FORMATS[ins.atype], fm.FORMATS[ins.btype], ins.k, "f32")
 
 
-def _combine(chains, plan, acc):
-    """D from the accumulator bits of every chain (S, G, M, N): promotion groups added into
-    float32, then the slices' partials reduced as the schedule says."""
-    sched = plan.schedule
+def _partials(x, sched: KSchedule):
+    """Float32 partial sums as the schedule stores them between slices (f16/bf16: RNE and back)."""
+    if sched.partials == "f32":
+        return x
+    low = fm.FORMATS[sched.partials]
+    return engine.convert(engine.convert(x, fm.F32, low, "rne"), low, fm.F32)
 
-    def to_f32(bits):
-        return _f32_bits(bits, acc)
+
+def _combine(chain, plan, acc, G: int, shape):
+    """D from the accumulator bits of the plan's chains (``chain(c)``: (M, N) bits of chain
+    c = slice * G + group): promotion groups added into float32 in order, then the slices'
+    partials reduced as the schedule says. Sequential reductions hold O(M N) at a time."""
+    sched = plan.schedule
 
     def f32_add(x, y):
         return engine.add(x, y, fm.F32, "rne")
 
-    if plan.group:
-        parts = jax.lax.scan(lambda t, x: (f32_add(t, to_f32(x)), None), jnp.zeros_like(chains[:, 0]),
-                             jnp.swapaxes(chains, 0, 1))[0]
-    else:
-        parts = chains[:, 0]
+    def one_slice(s):
+        if not plan.group:
+            return chain(s * G)
+        first = f32_add(jnp.zeros(shape, jnp.uint32), _f32_bits(chain(s * G), acc))
+        return jax.lax.fori_loop(1, G, lambda j, t: f32_add(t, _f32_bits(chain(s * G + j), acc)), first)
+
     if plan.slices == 1:
-        return parts[0]
-    parts = parts if plan.group else to_f32(parts)
-    if sched.partials != "f32":
-        low = fm.FORMATS[sched.partials]
-        parts = engine.convert(engine.convert(parts, fm.F32, low, "rne"), low, fm.F32)
-    return _fold(parts, f32_add) if sched.reduction == "sequential" else _pairwise(parts, f32_add)
+        return one_slice(0)
+
+    def partial(s):
+        x = one_slice(s)
+        return _partials(x if plan.group else _f32_bits(x, acc), sched)
+
+    if sched.reduction == "sequential":
+        return jax.lax.fori_loop(1, plan.slices, lambda s, t: f32_add(t, partial(s)), partial(0))
+    return _pairwise(jax.lax.map(partial, jnp.arange(plan.slices)), f32_add)
 
 
 def _native_gemm(a_bits, b_bits, ins: Mma, model, plan, scales):
     """The GEMM on the compiled CPU kernel: every chain of the plan (slices, promotion groups) at
-    once, then :func:`_combine`; or, when their results would take more than
-    ``_NATIVE_CHAIN_BYTES``, one chain at a time folded in order (:func:`_combine_streamed`)."""
+    once, or, when their results would take more than ``_NATIVE_CHAIN_BYTES``, one chain at a
+    time; then :func:`_combine`."""
     afmt, bfmt = fm.FORMATS[ins.atype], fm.FORMATS[ins.btype]
     A, B = _lay_k(jnp.asarray(a_bits), plan, 1), _lay_k(jnp.asarray(b_bits), plan, 0)
     a_exp = b_exp = nan = None
@@ -399,10 +409,11 @@ def _native_gemm(a_bits, b_bits, ins: Mma, model, plan, scales):
     if S * G * M * N * 4 > _NATIVE_CHAIN_BYTES and plan.reduces:  # one chain at a time, memory O(M N)
         if plan.slices > 1 and plan.schedule.reduction != "sequential":
             raise _TooLarge
-        out = _combine_streamed(lambda c: run(c, 1, jnp.asarray(lens)[c][None])[0], plan, acc, G, (M, N))
+        lens_j = jnp.asarray(lens)
+        out = _combine(lambda c: run(c, 1, lens_j[c][None])[0], plan, acc, G, (M, N))
     else:
         ch = run(0, S * G, lens)
-        out = _combine(ch.reshape((S, G) + ch.shape[1:]), plan, acc)
+        out = _combine(lambda c: ch[c], plan, acc, G, (M, N))
     if nan is not None:
         out = jnp.where(nan, jnp.uint32(fm.F32.canonical_nan), out)
     return out, fm.F32 if plan.reduces else acc
@@ -414,33 +425,6 @@ _NATIVE_CHAIN_BYTES = 1 << 28
 
 class _TooLarge(Exception):
     """Many pairwise-reduced slices of a large GEMM: the kernel path would hold them all."""
-
-
-def _combine_streamed(chain, plan, acc, G: int, shape):
-    """:func:`_combine` of chains computed one by one (``chain(c)``: accumulator bits (M, N) of
-    chain c = slice * G + group), for sequential reductions: promotion groups and slices folded
-    in order, so that only O(M N) is alive."""
-    sched = plan.schedule
-
-    def f32_add(x, y):
-        return engine.add(x, y, fm.F32, "rne")
-
-    def one_slice(s):
-        if not plan.group:
-            return _f32_bits(chain(s * G), acc)
-        first = f32_add(jnp.zeros(shape, jnp.uint32), _f32_bits(chain(s * G), acc))
-        return jax.lax.fori_loop(1, G, lambda j, t: f32_add(t, _f32_bits(chain(s * G + j), acc)), first)
-
-    def partial(s):
-        x = one_slice(s)
-        if sched.partials != "f32":
-            low = fm.FORMATS[sched.partials]
-            x = engine.convert(engine.convert(x, fm.F32, low, "rne"), low, fm.F32)
-        return x
-
-    if plan.slices == 1:
-        return one_slice(0)
-    return jax.lax.fori_loop(1, plan.slices, lambda s, t: f32_add(t, partial(s)), partial(0))
 
 
 def _xla_gemm(a_bits, b_bits, cfg: GemmConfig, ins: Mma, model, plan, key, scales):
@@ -509,10 +493,7 @@ def _xla_gemm(a_bits, b_bits, cfg: GemmConfig, ins: Mma, model, plan, key, scale
         if plan.slices == 1:
             return one_slice(tj[0], oj[0])
         parts = jax.vmap(one_slice)(tj, oj)
-        parts = parts if plan.group else to_f32(parts)
-        if sched.partials != "f32":
-            low = fm.FORMATS[sched.partials]
-            parts = engine.convert(engine.convert(parts, fm.F32, low, "rne"), low, fm.F32)
+        parts = _partials(parts if plan.group else to_f32(parts), sched)
         return _fold(parts, f32_add) if sched.reduction == "sequential" else _pairwise(parts, f32_add)
 
     out_fmt = fm.F32 if plan.reduces else acc
@@ -571,17 +552,17 @@ def _local_batch(a, b, cfg, keys, scales):
     return jax.lax.map(lambda x: gemm_bits(x[0], x[1], cfg, x[2], None if scales is None else x[3:])[0], xs)
 
 
-def batched_gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None, scales=None):
-    """:func:`gemm_bits` over a batch: ``a_bits`` (B, M, K), ``b_bits`` (B, K, N), ``scales`` (A's
-    (B, M, K / block), B's (B, K / block, N)). Returns (D bits (B, M, N), format of D).
+def batched_gemm_bits(a_bits, b_bits, cfg: GemmConfig, keys=None, scales=None):
+    """:func:`gemm_bits` over a batch: ``a_bits`` (B, M, K), ``b_bits`` (B, K, N), ``keys`` one PRNG
+    key per GEMM or None, ``scales`` (A's (B, M, K / block), B's (B, K / block, N)). Returns (D
+    bits (B, M, N), format of D).
 
     With several devices the GEMMs are partitioned as their inputs are sharded (over B, M and N;
     K is gathered): a GEMM's bits depend on its K schedule only, so every device computes its
-    outputs exactly as one device would. Stochastic rounding (``key``) draws its bits per
+    outputs exactly as one device would. Stochastic rounding (``keys``) draws its bits per
     instruction tile and stays on one device."""
     fmt = _out_format(cfg, a_bits.shape[-1])
-    keys = None if key is None else jax.random.split(key, a_bits.shape[0])
-    if key is not None or jax.device_count() == 1:
+    if keys is not None or jax.device_count() == 1:
         return _local_batch(a_bits, b_bits, cfg, keys, scales), fmt
     return _partitioned(cfg, scales is not None)(a_bits, b_bits, *(scales or ())), fmt
 
@@ -669,12 +650,12 @@ def _emulated(a, b, cfg: GemmConfig, key):
     Bb = _bits(b, ins.btype)
     if b.ndim == 2:  # one weight matrix: fold every batch row into M
         lead = a.shape[:-1]
-        D, fmt = batched_gemm_bits(A.reshape(1, -1, a.shape[-1]), Bb[None], cfg, key)
+        D, fmt = batched_gemm_bits(A.reshape(1, -1, a.shape[-1]), Bb[None], cfg, None if key is None else key[None])
         return _widen(D[0], fmt).reshape(lead + (b.shape[1],))
     batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     A = jnp.broadcast_to(A, batch + A.shape[-2:]).reshape((-1,) + A.shape[-2:])
     Bb = jnp.broadcast_to(Bb, batch + Bb.shape[-2:]).reshape((-1,) + Bb.shape[-2:])
-    D, fmt = batched_gemm_bits(A, Bb, cfg, key)
+    D, fmt = batched_gemm_bits(A, Bb, cfg, None if key is None else jax.random.split(key, A.shape[0]))
     return _widen(D, fmt).reshape(batch + D.shape[-2:])
 
 

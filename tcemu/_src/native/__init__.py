@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tcemu._src import formats as fm
+from tcemu._src.numerics import engine
 
 _SOURCE = Path(__file__).with_name("blockfma.cc")
 _TARGET = "tcemu_blockfma_chains"
@@ -40,7 +41,7 @@ _GROUPED = "tcemu_grouped_chains"
 _MODES = {"rz": 0, "rne": 1, "rna": 2, "ru": 3, "rd": 4}
 # formats whose exact values have float32 products far from the float32 range limits
 _SAFE = ("f16", "e4m3", "e5m2", "e3m2", "e2m3", "e2m1")
-_BIG = 1 << 20
+_BIG = engine._BIG  # the engine's exponent sentinels (zero: -_BIG // 4, NaN/inf: _BIG)
 
 _lock = threading.Lock()
 _state: dict = {}
@@ -163,11 +164,11 @@ def _operand(bits, fmt: fm.FloatFormat, *, flush: bool, safe: bool, exp_add=None
     else the signed integer significands. Classes (engine._product_flags, without flushing): bit 0
     zero, 1 infinity, 2 NaN, 3 sign."""
     d = fm.decode(bits, fmt, flush_subnormals=flush)
-    sig = jnp.where(d.sign != 0, -d.sig, d.sig).astype(jnp.float32)
+    signed, exp = engine._prepare(d, 0)
+    sig = signed.astype(jnp.float32)
     if safe:
         scale = jax.lax.bitcast_convert_type(((d.exp - fmt.fraction_bits + 127) << 23).astype(jnp.int32), jnp.float32)
         sig = jnp.where(d.sig == 0, jnp.float32(0), sig * scale)
-    exp = jnp.where(d.is_nan | d.is_inf, _BIG, jnp.where(d.sig == 0, -_BIG // 4, d.exp))
     if exp_add is not None:  # |scale exponents| < 2**10 keep the sentinels on their side
         exp = exp + exp_add
     u = jnp.asarray(bits).astype(jnp.uint32) >> fmt.shift
@@ -184,8 +185,6 @@ def chains(a_bits, b_bits, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, model, *,
     elements (whole instructions) from +0, as :func:`~tcemu._src.numerics.engine.fused_dot` would
     (tf32 conversion and block order included). NaN/inf operands follow the engine's
     special-value path."""
-    from tcemu._src.numerics import engine
-
     if not available():
         raise RuntimeError(f"tcemu: the CPU kernel is not available ({_state.get('error', 'TCEMU_NATIVE=0')})")
     flush = not model.subnormal_inputs
