@@ -64,7 +64,7 @@ def main():
         n_best = min(t[0] for t in n_ts)
         eq = M * N * K / 2048
         rows.append([sp.replace(".sync.aligned", ""), T, f"{e_best * 1e3:.2f}", f"{T / e_best:,.0f}",
-                     f"{T * eq / e_best:,.0f}", f"{T * eq / e_med:,.0f}", f"{n_best * 1e3:.3f}", f"{e_best / n_best:.0f}"])
+                     f"{T * eq / e_best:,.0f}", f"{T * eq / e_med:,.0f}", f"{n_best * 1e3:.3f}", f"{e_best / n_best:.1f}"])
     print(f"device: {device_name()}  arch preset: {args.arch}  tiles per call: {args.tiles}")
     print(table(rows, ["instruction", "tiles", "emu ms", "MMAs/s", "m16n8k16-eq/s", "(median)", "native ms",
                        "emu/native"]))

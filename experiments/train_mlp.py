@@ -76,7 +76,7 @@ def train(config, steps, x, y, batch=256, seed=0, log_every=10):
         loss = step(model, opt, x[i:i + batch], y[i:i + batch])
         if s % log_every == 0 or s == steps - 1:
             curve.append((s, float(loss)))
-    acc = float(jnp.mean(jnp.argmax(model(x), -1) == y))
+    acc = float(nnx.jit(lambda m, x, y: jnp.mean(jnp.argmax(m(x), -1) == y))(model, x, y))
     return curve, acc
 
 

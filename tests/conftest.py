@@ -9,12 +9,17 @@ and the modules :data:`X64_MODULES` run every test a second time with x64 on (te
 tests/test_x64.py: every captured form's numerics traced under x64 hold no 64-bit value, and
 value and register level give the same bits both ways on representative forms of each kind.
 ``TCEMU_X64=1`` runs them whole with x64 on.
+
+On the CPU, MMAs and GEMMs run the compiled kernel (tcemu/_src/native) where it covers the model;
+the second, x64 run of :data:`X64_MODULES` runs the pure-JAX engine instead (``TCEMU_NATIVE=0``),
+so both are checked against the hardware captures and the published vectors.
 """
 from __future__ import annotations
 
 import functools
 import os
 from pathlib import Path
+from unittest import mock
 
 import jax
 import numpy as np
@@ -50,7 +55,7 @@ def x64_mode(request):
     if on is None:
         yield jax.config.jax_enable_x64
         return
-    with jax.enable_x64(on):
+    with jax.enable_x64(on), mock.patch.dict(os.environ, {"TCEMU_NATIVE": "0"} if on else {}):
         yield on
 
 

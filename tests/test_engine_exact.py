@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import tcemu
 from tcemu._src import formats as fm
 from tcemu._src.numerics import engine
-from tcemu._src.numerics.rounding import round_pack, round_pack32
+from tcemu._src.numerics.rounding import divide, round_pack, round_pack32
 
 import exact_reference as X
 
@@ -214,6 +214,30 @@ def test_round_pack32_equals_exact_rounding(fmt, ovf):
         np.asarray(round_pack32(jnp.asarray(sign), jnp.asarray(m), jnp.asarray(q), F, "stochastic", overflow=ovf,
                                 rand=rand)),
         np.asarray(round_pack(*args, overflow=ovf, rand=rand)))
+
+
+def test_divide_is_correctly_rounded():
+    """The integer float32 division (used by the NVFP4 recipe, so that GPUs give the CPU's bits)
+    against exact rounding of Fractions, and against the host's IEEE division on random bit
+    patterns of every class (subnormals, zeros, infinities, NaN)."""
+    rng = np.random.default_rng(7)
+    n = 1 << 16
+    xb, yb = (rng.integers(0, 2 ** 32, n, dtype=np.uint64).astype(np.uint32) for _ in range(2))
+    xb[:500], yb[500:1000] = (rng.integers(0, 1 << 23, 500).astype(np.uint32) for _ in range(2))
+    special = np.array([0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 1, 0x807FFFFF, 0x7F7FFFFF], np.uint32)
+    xb[1000:1064], yb[1000:1064] = (v.ravel() for v in np.meshgrid(special, special))
+    x, y = xb.view(np.float32), yb.view(np.float32)
+    got = np.asarray(jax.jit(divide)(x, y))
+    with np.errstate(all="ignore"):
+        want = x / y
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want)
+    np.testing.assert_array_equal(got.view(np.uint32)[ok], want.view(np.uint32)[ok])
+    for i in range(0, 1000, 5):  # finite nonzero operands, subnormals among them
+        if y[i] != 0 and np.isfinite(x[i]) and np.isfinite(y[i]):
+            q = X.round_to(Fr(float(x[i])) / Fr(float(y[i])), 23, -126, 127, "rne")
+            zero = (int(xb[i] ^ yb[i]) >> 31) << 31  # an underflow to zero keeps the quotient's sign
+            assert (zero if q == 0 else X.to_bits(q, "f32")) == int(got.view(np.uint32)[i]), i
 
 
 @pytest.mark.parametrize("dst,dtype", [(fm.BF16, ml_dtypes.bfloat16), (fm.F16, np.float16),

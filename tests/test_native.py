@@ -46,7 +46,9 @@ def _bits(rng, shape, etype, spread=4, specials=0):
         if etype == "tf32":
             bits = x.astype(np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
         else:
-            bits = np.asarray(fm.to_bits(jnp.asarray(x.astype(fm.VALUE_DTYPES[etype])), etype)).astype(np.uint32)
+            with np.errstate(over="ignore"):  # values beyond the format's range become infinities
+                x = x.astype(fm.VALUE_DTYPES[etype])
+            bits = np.asarray(fm.to_bits(jnp.asarray(x), etype)).astype(np.uint32)
     if specials:
         flat = bits.reshape(-1)
         where = rng.choice(flat.size, specials, replace=False)
@@ -255,3 +257,59 @@ def test_chains_one_at_a_time_equal_engine(monkeypatch, sched):
     rng = np.random.default_rng(19)
     cfg = tcemu.GemmConfig(arch="H100", instruction=H100_F16, **sched)
     _check(monkeypatch, cfg, _bits(rng, (12, 300), "f16"), _bits(rng, (300, 20), "f16"))
+
+
+MMAS = [("H100", "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "f16", "f16", "f32"),
+        ("H100", "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f16", "f16", "f16", "f16"),
+        ("H100", "mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f32", "f16", "f16", "f32"),
+        ("H100", H100_BF16, "bf16", "bf16", "f32"), ("A100", H100_TF32, "tf32", "tf32", "f32"),
+        ("V100", WMMA_F16, "f16", "f16", "f32"), ("sm_89", SM89_E4M3, "e4m3", "e5m2", "f32"),
+        ("H100", "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32", "e4m3", "e4m3", "f32"),  # addend last
+        ("H100", "wgmma.mma_async.sync.aligned.m64n16k32.f32.e5m2.e4m3", "e5m2", "e4m3", "f32"),
+        ("sm_120", SM120.format("e2m1", "e3m2"), "e2m1", "e3m2", "f32"),
+        ("sm_120", SM120_MX, "e4m3", "e2m1", "f32")]
+
+
+def _mma(ins, arch, setting, monkeypatch, *args, vmap=None):
+    monkeypatch.setenv("TCEMU_NATIVE", setting)
+
+    def f(a, b, c, sa, sb):
+        return mma_numerics.mma_bits(ins, a, b, c, None, arch=resolve(arch), scale_a=sa, scale_b=sb)
+
+    return np.asarray(jax.jit(jax.vmap(f, in_axes=vmap) if vmap else f)(*args))
+
+
+@pytest.mark.parametrize("arch,spelling,at,bt,ct", MMAS, ids=[f"{m[0]}-{m[1].split('.')[-4]}{i}" for i, m in
+                                                             enumerate(MMAS)])
+def test_mma_equal_engine(monkeypatch, arch, spelling, at, bt, ct):
+    """Single MMAs (the value and register levels) on the kernel: a batch of (2, 3) instructions
+    from C with zeros, subnormals and special values (f16 C widened, f16 D narrowed), as one call
+    and under vmap with B shared, against the engine."""
+    from tcemu._src.isa.parse import parse
+
+    ins = parse(spelling)
+    assert mma_numerics._native_ok(ins, mma_numerics.resolve_model(ins, None, resolve(arch)))
+    rng = np.random.default_rng(len(spelling))
+    a = _bits(rng, (2, 3, ins.m, ins.k), at, specials=2)
+    b = _bits(rng, (2, 3, ins.k, ins.n), bt, specials=1)
+    c = _bits(rng, (2, 3, ins.m, ins.n), ct, spread=20, specials=3)
+    if ct == "f32":  # subnormal addends
+        c = c.at[1, 2, 0, :2].set(jnp.asarray([0x00000123, 0x80400000], jnp.uint32))
+    sa = sb = None
+    if ins.scale_vec is not None:
+        kb = ins.k // ins.scale_block
+        sa = jnp.asarray(rng.integers(110, 150, (2, 3, ins.m, kb)).astype(np.uint32)).at[0, 1, 2, 0].set(255)
+        sb = jnp.asarray(rng.integers(110, 150, (2, 3, kb, ins.n)).astype(np.uint32))
+    args = (a, b, c, sa, sb)
+    want = _mma(ins, arch, "0", monkeypatch, *args)
+    np.testing.assert_array_equal(_mma(ins, arch, "1", monkeypatch, *args), want)
+    flat = [None if x is None else x.reshape((6,) + x.shape[2:]) for x in args]
+    flat[1] = flat[1][4]  # B shared by the vmapped batch
+    axes = (0, None, 0, None if sa is None else 0, None if sb is None else 0)
+    want_v = _mma(ins, arch, "0", monkeypatch, *flat, vmap=axes)
+    np.testing.assert_array_equal(_mma(ins, arch, "1", monkeypatch, *flat, vmap=axes), want_v)
+    inner = list(args)  # vmap over axis 0 of a batch of 3 inside, B shared by the vmapped axis only
+    inner[1] = b[1]
+    axes = (0, None, 0, None if sa is None else 0, None if sb is None else 0)
+    want_v = _mma(ins, arch, "0", monkeypatch, *inner, vmap=axes)
+    np.testing.assert_array_equal(_mma(ins, arch, "1", monkeypatch, *inner, vmap=axes), want_v)

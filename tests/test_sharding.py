@@ -94,8 +94,8 @@ def test_sharded_over_two_devices_same_bits_and_split():
     assert all(v["same"] for v in out.values()), out
     assert out["rows"]["spec"].startswith("P('d'") and out["cols"]["spec"] == "P(None, 'd')"
     assert out["batched"]["spec"].startswith("P('d'") and out["warps"]["spec"].startswith("P('d'")
-    # each device's kernel computes half the outputs: 32 of 64 rows, or 32 of 48 (padded) columns;
-    # with K sharded, the freed mesh axis splits the rows
+    # each device's kernel computes half the outputs: 32 of 64 rows, or 24 of 48 columns; with K
+    # sharded, the freed mesh axis splits the rows
     assert out["rows"]["kernels"] == [["32", "48"]], out["rows"]
-    assert out["cols"]["kernels"] == [["64", "32"]], out["cols"]
+    assert out["cols"]["kernels"] == [["64", "24"]], out["cols"]
     assert out["k"]["kernels"] == [["32", "48"]], out["k"]

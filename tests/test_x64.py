@@ -137,7 +137,8 @@ def test_stochastic_rounding_same_bits(sp):
 
 
 # every engine path: integer or float32 alignment, XLA reductions or unrolled term sums
-PATHS = [{"TCEMU_ALIGN": al, "TCEMU_UNROLL": un} for al in ("int", "float") for un in ("0", "1")]
+# the pure-JAX engine's paths (TCEMU_NATIVE=0: on the CPU the compiled kernel would run instead)
+PATHS = [{"TCEMU_ALIGN": al, "TCEMU_UNROLL": un, "TCEMU_NATIVE": "0"} for al in ("int", "float") for un in ("0", "1")]
 
 
 @pytest.mark.parametrize("env", PATHS, ids=lambda e: f"align={e['TCEMU_ALIGN']}-unroll={e['TCEMU_UNROLL']}")

@@ -14,7 +14,9 @@ Two recipes, by scale type:
   ``e4m3(amax(block) / 6 * s)`` (RNE, saturating), elements ``e2m1(x * (s / scale))``
   (saturating); the GEMM's result is multiplied by ``1 / s`` of each operand.
 
-All in float32 with power-of-two scalings and RNE conversions (the same bits with x64 on/off).
+All in float32 with power-of-two scalings, RNE conversions and NVFP4's divisions correctly rounded
+in integers (``rounding.divide``; XLA's float32 division on GPUs is not), so the bits are the same
+with x64 on or off and on every backend.
 
     >>> import jax.numpy as jnp, tcemu
     >>> q = tcemu.block_quantize(jnp.array([[3.0, -0.7, 0.1, 100.0]]), "e2m1", "ue8m0", block=4)
@@ -29,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from tcemu._src import formats as fm
+from tcemu._src.numerics import rounding
 
 # exponent of the largest normal of each element format (OCP MX v1.0, table 2 / emax_elem)
 EMAX = {"e4m3": 8, "e5m2": 15, "e3m2": 4, "e2m3": 2, "e2m1": 2}
@@ -48,7 +51,7 @@ class BlockQuantized(NamedTuple):
 
     def dequantize(self, block: int):
         """The values the GEMM multiplies, as float32 (with the tensor scale divided out)."""
-        return self.elements * jnp.repeat(self.scales, block, axis=-1) / self.tensor_scale
+        return rounding.divide(self.elements * jnp.repeat(self.scales, block, axis=-1), self.tensor_scale)
 
 
 def _pow2(e):
@@ -104,11 +107,11 @@ def block_quantize(x, etype: str, stype: str, *, block: int) -> BlockQuantized:
         tensor = jnp.float32(1)
     else:  # NVFP4
         t = jnp.max(jnp.abs(jnp.where(jnp.isnan(x), 0, x)))
-        tensor = jnp.where(jnp.isfinite(t) & (t > 0), jnp.float32(6 * 448) / t, jnp.float32(1))
-        s = quantize(jnp.minimum(amax / 6 * tensor, 448), "e4m3")  # RNE, saturating
+        tensor = jnp.where(jnp.isfinite(t) & (t > 0), rounding.divide(6 * 448, t), jnp.float32(1))
+        s = quantize(jnp.minimum(rounding.divide(amax, 6) * tensor, 448), "e4m3")  # RNE, saturating
         codes = jnp.where(bad, 0x7F, fm.to_bits(s.astype(fm.VALUE_DTYPES["e4m3"]), "e4m3")).astype(jnp.uint32)
         scales = jnp.where(bad, jnp.nan, s)
-        y = jnp.where(s[..., None] > 0, xb * (tensor / jnp.where(s > 0, s, 1))[..., None], 0)
+        y = jnp.where(s[..., None] > 0, xb * rounding.divide(tensor, jnp.where(s > 0, s, 1))[..., None], 0)
     y = jnp.clip(jnp.where(jnp.isnan(y), 0, y), -top, top)
     elements = quantize(y, etype).reshape(x.shape)
     from tcemu._src.gemm import _bits

@@ -39,6 +39,7 @@ from tcemu._src.arch import resolve
 from tcemu._src.isa.parse import Mma, Unsupported, parse
 from tcemu._src.numerics import engine
 from tcemu._src.numerics import mma as mma_numerics
+from tcemu._src.numerics import rounding
 from tcemu._src.numerics.model import BlockFMA, choice_field, int_field, replace_fields
 from tcemu._src.numerics.presets import check_model
 from tcemu._src.schedule import KSchedule
@@ -685,7 +686,7 @@ def _emulated_block(a, b, cfg: GemmConfig):
         flat = [jnp.broadcast_to(x, batch + x.shape[-2:]).reshape((-1,) + x.shape[-2:]) for x in (A, Bc, SA, SB)]
         D, fmt = batched_gemm_bits(flat[0], flat[1], cfg, None, (flat[2], flat[3]))
         out = _widen(D, fmt).reshape(batch + D.shape[-2:])
-    alpha = (jnp.float32(1) / qa.tensor_scale) * (jnp.float32(1) / qb.tensor_scale)
+    alpha = rounding.divide(1, qa.tensor_scale) * rounding.divide(1, qb.tensor_scale)
     deq_b = jnp.swapaxes(qb.dequantize(blk), -1, -2)
     return out * alpha, qa.dequantize(blk), deq_b
 

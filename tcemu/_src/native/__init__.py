@@ -1,12 +1,14 @@
-"""A compiled CPU kernel for the GEMM hot loop (XLA FFI), with the pure-JAX engine as reference.
+"""A compiled CPU kernel for the MMA and GEMM hot loop (XLA FFI), with the pure-JAX engine as reference.
 
 ``blockfma.cc`` computes chains of fused block FMAs exactly as :mod:`tcemu._src.numerics.engine`
-does on its one-word path (per-product alignment, int32 block sum, one rounding), vectorised over
-16 output columns and threaded over column strips. It is compiled on first use with the system's
-C++ compiler (``$CXX`` or ``c++``) against the XLA FFI headers that jaxlib ships, cached under
-``$TCEMU_CACHE_DIR`` (default ``~/.cache/tcemu``), and used by :func:`tcemu.matmul` on the CPU
-backend for the models it covers (:func:`supports`). Without a compiler tcemu runs the pure-JAX
-path: same bits, slower.
+does on its one-word path (per-product alignment, int32 block sum, one rounding): it decodes the
+operands' bits itself, vectorises over 16 output columns and threads over column strips and batch
+entries. It is compiled on first use with the system's C++ compiler (``$CXX`` or ``c++``) against
+the XLA FFI headers that jaxlib ships, cached under ``$TCEMU_CACHE_DIR`` (default
+``~/.cache/tcemu``), and used on the CPU backend for the models it covers (:func:`supports`) by
+:func:`tcemu.matmul` (every chain of a K schedule in one call) and by single MMAs at the value
+and register level (``numerics.mma``; batches and ``jax.vmap`` of warps in one call). Without a
+compiler tcemu runs the pure-JAX path: same bits, slower.
 
 ``TCEMU_NATIVE=0`` turns the kernel off; ``TCEMU_NATIVE=1`` makes a failed build an error.
 
@@ -158,36 +160,25 @@ def _threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _operand(bits, fmt: fm.FloatFormat, *, flush: bool, safe: bool, exp_add=None):
-    """One decode of an operand: (float32 values, int32 exponents with engine._prepare's
-    sentinels plus ``exp_add``, int32 classes). Values are exact: the element values if ``safe``,
-    else the signed integer significands. Classes (engine._product_flags, without flushing): bit 0
-    zero, 1 infinity, 2 NaN, 3 sign."""
-    d = fm.decode(bits, fmt, flush_subnormals=flush)
-    signed, exp = engine._prepare(d, 0)
-    sig = signed.astype(jnp.float32)
-    if safe:
-        scale = jax.lax.bitcast_convert_type(((d.exp - fmt.fraction_bits + 127) << 23).astype(jnp.int32), jnp.float32)
-        sig = jnp.where(d.sig == 0, jnp.float32(0), sig * scale)
-    if exp_add is not None:  # |scale exponents| < 2**10 keep the sentinels on their side
-        exp = exp + exp_add
-    u = jnp.asarray(bits).astype(jnp.uint32) >> fmt.shift
-    zero = (u & ((1 << (fmt.exponent_bits + fmt.fraction_bits)) - 1)) == 0
-    cls = zero.astype(jnp.int32) | (d.is_inf.astype(jnp.int32) << 1) | (d.is_nan.astype(jnp.int32) << 2) | (d.sign << 3)
-    return sig, exp.astype(jnp.int32), cls
+def _format(fmt: fm.FloatFormat) -> int:
+    """An element format as the kernel reads it: eb | fb << 8 | shift << 16 | has_inf << 24 |
+    has_nan << 25."""
+    return (fmt.exponent_bits | fmt.fraction_bits << 8 | fmt.shift << 16 | int(fmt.has_inf) << 24
+            | int(fmt.has_nan) << 25)
 
 
 def chains(a_bits, b_bits, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, model, *, k: int, chain_k: int, lens,
-           a_exp=None, b_exp=None):
-    """Accumulator bits (C, M, N) of C chains of instructions over the K of ``a_bits`` (M,
-    C * chain_k) and ``b_bits`` (C * chain_k, N) (bit patterns; ``a_exp`` / ``b_exp``: exponents
-    added per element, the ue8m0 scales of ``kind::mxf8f6f4``): chain c runs its first ``lens[c]``
-    elements (whole instructions) from +0, as :func:`~tcemu._src.numerics.engine.fused_dot` would
-    (tf32 conversion and block order included). NaN/inf operands follow the engine's
-    special-value path."""
+           a_exp=None, b_exp=None, c=None):
+    """Accumulator bits (..., C, M, N) of C chains of instructions over the K of ``a_bits`` (...,
+    M, C * chain_k) and ``b_bits`` (..., C * chain_k, N) (bit patterns with leading batch axes,
+    or none for an operand shared by the batch; ``a_exp`` / ``b_exp``: exponents added per
+    element, the ue8m0 scales of ``kind::mxf8f6f4``): chain c runs its first ``lens[c]`` elements
+    (whole instructions) from the float32 bits ``c`` (..., M, N), or from +0, as
+    :func:`~tcemu._src.numerics.engine.fused_dot` would (tf32 conversion and block order
+    included). NaN/inf operands follow the engine's special-value path. Under ``jax.vmap`` the
+    kernel runs the whole batch in one call."""
     if not available():
         raise RuntimeError(f"tcemu: the CPU kernel is not available ({_state.get('error', 'TCEMU_NATIVE=0')})")
-    flush = not model.subnormal_inputs
     scaled = a_exp is not None or b_exp is not None
     safe = not scaled and afmt.name in _SAFE and bfmt.name in _SAFE
     a_bits, b_bits = jnp.asarray(a_bits).astype(jnp.uint32), jnp.asarray(b_bits).astype(jnp.uint32)
@@ -196,18 +187,25 @@ def chains(a_bits, b_bits, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, model, *,
         b_bits = engine.convert(b_bits, fm.F32, fm.TF32, "rna") if bfmt is fm.TF32 else b_bits
     perm = engine._order(k, model)
     if perm is not None:  # one instruction's order, for every instruction of K
-        perm = (np.arange(0, a_bits.shape[1], k, dtype=np.int32)[:, None] + perm[None, :]).reshape(-1)
-        a_bits, b_bits = a_bits[:, perm], b_bits[perm]
-        a_exp = None if a_exp is None else a_exp[:, perm]
-        b_exp = None if b_exp is None else b_exp[perm]
-    va, ea, ca = _operand(a_bits, afmt, flush=flush, safe=safe, exp_add=a_exp)
-    vb, eb, cb = _operand(b_bits, bfmt, flush=flush, safe=safe, exp_add=b_exp)
-    (M, K), N = a_bits.shape, b_bits.shape[1]
-    Mp, Np = -(-M // 4) * 4, -(-N // 16) * 16
-    rows, cols = ((0, Mp - M), (0, 0)), ((0, 0), (0, Np - N))
-    va, ca, vb, cb = jnp.pad(va, rows), jnp.pad(ca, rows), jnp.pad(vb, cols), jnp.pad(cb, cols)
-    ea = jnp.pad(ea, rows, constant_values=-_BIG // 4)
-    eb = jnp.pad(eb, cols, constant_values=-_BIG // 4)
+        perm = (np.arange(0, a_bits.shape[-1], k, dtype=np.int32)[:, None] + perm[None, :]).reshape(-1)
+        a_bits, b_bits = a_bits[..., perm], b_bits[..., perm, :]
+        a_exp = None if a_exp is None else a_exp[..., perm]
+        b_exp = None if b_exp is None else b_exp[..., perm, :]
+    (M, K), N = a_bits.shape[-2:], b_bits.shape[-1]
+    absent = jnp.zeros((1,), jnp.int32)  # an operand not given (one element: XLA's partitioners handle no empty one)
+    has = dict(has_c=int(c is not None), has_a_exp=int(a_exp is not None), has_b_exp=int(b_exp is not None))
+    c = absent.astype(jnp.uint32) if c is None else jnp.asarray(c).astype(jnp.uint32)
+    batch = jnp.broadcast_shapes(a_bits.shape[:-2], b_bits.shape[:-2], c.shape[:-2] if c.ndim > 1 else (),
+                                 *(x.shape[:-2] for x in (a_exp, b_exp) if x is not None))
+
+    def full(x, *like):  # per batch entry, or one for all (an operand and its exponents alike)
+        if x is None:
+            return absent
+        x = jnp.asarray(x)
+        if x.ndim < 2 or all(y.shape[:-2] == () for y in (x, *like) if y is not None):
+            return x
+        return jnp.broadcast_to(x, batch + x.shape[-2:])
+
     zpol = model.zero_exponent is not None and afmt.emin + bfmt.emin - (254 if scaled else 0) < model.zero_exponent
     L = min(model.block_size, k)
     attrs = dict(chain_k=chain_k, block=L, F=model.fraction_bits, group=max(1, min(L, 1 << (29 - model.fraction_bits))),
@@ -217,13 +215,14 @@ def chains(a_bits, b_bits, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, model, *,
                  has_min_exp=int(model.min_exponent is not None), min_exp=model.min_exponent or 0,
                  mode=_MODES[model.rounding], p=model.accumulator_fraction_bits,
                  subnormals=int(model.subnormal_outputs), overflow_ieee=int(model.overflow == "ieee"),
-                 flush_c=int(flush), threads=_threads())
-    call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct((K // chain_k, Mp, Np), jnp.uint32),
-                            vmap_method="sequential")
-    out = call(jnp.asarray(lens, jnp.int32), va, ea, ca, vb, eb, cb,
-               **{name: np.int64(v) for name, v in attrs.items()})
-    return out[:, :M, :N]
-
+                 flush_c=int(not model.subnormal_inputs), a_format=_format(afmt), b_format=_format(bfmt), **has,
+                 threads=_threads())
+    call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct(batch + (K // chain_k, M, N), jnp.uint32),
+                            vmap_method="broadcast_all")
+    return call(jnp.asarray(lens, jnp.int32), full(a_bits, a_exp), full(b_bits, b_exp),
+                full(None if a_exp is None else a_exp.astype(jnp.int32), a_bits),
+                full(None if b_exp is None else b_exp.astype(jnp.int32), b_bits), full(c),
+                **{name: np.int64(v) for name, v in attrs.items()})
 
 
 def grouped_chains(a_bits, b_bits, sa: fm.Scale, sb: fm.Scale, model, *, k: int, chain_k: int, lens):

@@ -7,15 +7,18 @@
 // rounding (rounding.round_pack32); outputs whose block has a NaN/inf operand or accumulator take
 // the engine's special-value path (NaN, or an infinity).
 //
-// Operands: A values va (M, K) float32, exponents ea and classes ca (M, K) int32; B the same, (K, N).
-// The kernel packs A by panels of R rows and each thread B by strips of W columns.
-// "safe" mode: va/vb are the exact element values (their products are exact float32 numbers far
-// from the range limits), so a term is trunc(va * vb * 2**(F - E)). Otherwise va/vb are the
-// signed integer significands (at most 12 bits) and a term is trunc(va * vb * 2**(ea + eb - fab -
-// fbb + F - E)); the scale is clamped at 2**-126, where every term truncates to 0 anyway.
-// Exponents carry engine._prepare's sentinels: zero operands -2**18, NaN/inf +2**20.
+// Operands: the bit patterns of A (M, K) and B (K, N) with their formats (exponent and fraction
+// bits, shift, NaN/inf encoding), optional int32 exponents added per element (the ue8m0 scales of
+// kind::mxf8f6f4). The kernel decodes them as engine._prepare does (exponent sentinels: zero
+// -2**18, NaN/inf +2**20), A once per thread and B by strips of W columns.
+// "safe" mode: the decoded values are the exact element values (their products are exact float32
+// numbers far from the range limits), so a term is trunc(va * vb * 2**(F - E)). Otherwise they are
+// the signed integer significands (at most 12 bits) and a term is trunc(va * vb * 2**(ea + eb - fab
+// - fbb + F - E)); the scale is clamped at 2**-126, where every term truncates to 0 anyway.
 // Output (K / chain_k, M, N) uint32: per chain of chain_k elements of K, the accumulator bits after
-// its first lens[chain] elements (whole blocks; the rest is padding that does not run), from +0.
+// its first lens[chain] elements (whole blocks; the rest is padding that does not run), from the
+// addend C (M, N) float32 bits, or from +0 (has_c 0; absent operands are one dummy element). Leading batch axes: every operand may
+// have them, or not have them (then it is shared by the whole batch); the output has them.
 #include <cstdint>
 #include <cstring>
 #include <thread>
@@ -38,8 +41,18 @@ typedef uint32_t vu __attribute__((vector_size(4 * W)));
 typedef float vf __attribute__((vector_size(4 * W)));
 
 constexpr int64_t kThreadsFrom = int64_t(1) << 21;  // products of a call worth several threads
+constexpr int32_t kBig = 1 << 20;  // engine._BIG: the exponent of NaN/inf operands
+constexpr int32_t kZeroSentinel = -kBig / 4;  // the exponent of zero operands
 constexpr int32_t kSpecialAbove = 1 << 19;  // engine._SPECIAL_ABOVE
 constexpr int32_t kZeroBelow = -(1 << 17);  // engine._ZERO_BELOW
+
+// An element format: exponent and fraction bits, the shift of its bits (tf32 in float32
+// patterns: 13), infinities (IEEE-like), NaN (all ones exponent; without infinities, all ones).
+struct Fmt {
+  int32_t eb, fb, shift;
+  bool has_inf, has_nan;
+};
+
 
 struct Params {
   int64_t M, N, K, chain_k, block, F;
@@ -52,7 +65,8 @@ struct Params {
   int32_t min_exp;
   int mode;                 // 0 rz, 1 rne, 2 rna, 3 ru, 4 rd
   int p;                    // fraction bits of the accumulator format (shift = 23 - p)
-  bool subnormals, overflow_ieee, flush_c;
+  bool subnormals, overflow_ieee, flush_c;  // flush_c: subnormal inputs (operands and C) read as 0
+  Fmt fa, fb;
 };
 
 inline vi splat(int32_t x) { return (vi){} + x; }
@@ -204,13 +218,55 @@ __attribute__((always_inline)) inline void norm2(vi hi, vi lo, vi& neg, vu& m, v
   m = (mhi << (vu)(Split - sh)) | (mlo >> s) | (vu)((vi)(lost != 0) & 1);
 }
 
+// engine._prepare of W elements' bits (fm.decode, flushing subnormals if asked): the value (safe:
+// the exact element value; else the signed significand) and the exponent with the sentinels, plus
+// `add`. Bits 0 (also the padding beyond M and N) decode to value 0 with the zero sentinel.
+inline void decode(vu bits, const Fmt& f, bool flush, bool safe, vi add, vf& v, vi& e) {
+  const vu u = bits >> (uint32_t)f.shift;
+  vi frac = (vi)(u & ((1u << f.fb) - 1u));
+  const vi ef = (vi)((u >> (uint32_t)f.fb) & ((1u << f.eb) - 1u));
+  const vi neg = (vi)((u >> (uint32_t)(f.fb + f.eb)) & 1u) != 0;
+  const int32_t top = (1 << f.eb) - 1, bias = (1 << (f.eb - 1)) - 1;
+  vi special = splat(0);
+  if (f.has_nan) special = f.has_inf ? (ef == top) : ((ef == top) & (frac == (1 << f.fb) - 1));
+  const vi normal = ef != 0;
+  if (flush) frac = normal ? frac : splat(0);
+  const vi sig = normal ? (frac | (1 << f.fb)) : frac;
+  const vi exp = normal ? ef - bias : splat(1 - bias);
+  vf x = __builtin_convertvector(neg ? -sig : sig, vf);
+  if (safe) {
+    const vu p = (vu)(exp - f.fb + 127) << 23u;
+    vf scale;
+    std::memcpy(&scale, &p, sizeof p);
+    x = (sig == 0) ? (vf){} : x * scale;
+  }
+  v = x;
+  e = ((sig == 0) ? splat(kZeroSentinel) : exp);
+  e = (special ? splat(kBig) : e) + add;
+}
+
+// Classes of one element for the special-value path (engine._product_flags, without flushing):
+// bit 0 zero, bit 1 infinity, bit 2 NaN, bit 3 sign.
+inline int32_t element_class(uint32_t bits, const Fmt& f) {
+  const uint32_t u = bits >> f.shift, frac = u & ((1u << f.fb) - 1u), ef = (u >> f.fb) & ((1u << f.eb) - 1u);
+  const uint32_t top = (1u << f.eb) - 1u;
+  bool nan = false, inf = false;
+  if (f.has_nan && ef == top) {
+    nan = f.has_inf ? frac != 0 : frac == (1u << f.fb) - 1u;
+    inf = f.has_inf && frac == 0;
+  }
+  const bool zero = (u & ((1u << (f.eb + f.fb)) - 1u)) == 0;
+  return (int32_t)zero | (int32_t)inf << 1 | (int32_t)nan << 2 | (int32_t)((u >> (f.fb + f.eb)) & 1u) << 3;
+}
+
 // The special-value path of engine._fused for one output: NaN if a product is NaN (a NaN factor, or
 // inf * 0), the accumulator is NaN, or infinities of both signs meet; else the infinity's sign.
-// Classes: bit 0 zero significand, bit 1 infinity, bit 2 NaN, bit 3 sign.
-__attribute__((noinline)) uint32_t special_value(const int32_t* ca, const int32_t* cs, int64_t k0, int64_t L, uint32_t c) {
+// arow: A's row (bits, along K); bcol: B's column (bits, stride n).
+__attribute__((noinline)) uint32_t special_value(const uint32_t* arow, const uint32_t* bcol, int64_t n,
+                                                 const Fmt& fa, const Fmt& fb, int64_t k0, int64_t L, uint32_t c) {
   bool pos = false, neg = false, nan = false;
   for (int64_t k = k0; k < k0 + L; k++) {
-    const int32_t a = ca[k], b = cs[k * W];
+    const int32_t a = element_class(arow[k], fa), b = element_class(bcol[k * n], fb);
     const bool pnan = (a & 4) || (b & 4) || ((a & 2) && (b & 1)) || ((a & 1) && (b & 2));
     const bool pinf = ((a & 2) || (b & 2)) && !pnan;
     nan |= pnan;
@@ -222,25 +278,79 @@ __attribute__((noinline)) uint32_t special_value(const int32_t* ca, const int32_
   return neg ? 0xFF800000u : 0x7F800000u;
 }
 
-// Rare: lanes with a NaN/inf operand or accumulator take special_value (out of the hot loop).
-__attribute__((noinline)) vu specials(vu bits, vi special, vu c, const int32_t* cls_a, const int32_t* cls_b,
-                                      int64_t k0, int64_t L) {
-  for (int j = 0; j < W; j++)
-    if (special[j]) bits[j] = special_value(cls_a, cls_b + j, k0, L, c[j]);
+// One batch entry's operands as strip() reads them.
+struct Entry {
+  const float* va;       // A decoded, (M rounded up to R, K); rows beyond M are 0
+  const int32_t* ea;
+  const uint32_t* a;     // A's bits (M, K), for the special-value path
+  const float* bs;       // B's strip decoded, packed (K, W)
+  const int32_t* es;
+  const uint32_t* b;     // B's bits (K, N)
+  const uint32_t* c;     // C (M, N) float32 bits, or null for +0
+  const int32_t* lens;   // valid elements per chain
+  uint32_t* out;         // (K / chain_k, M, N)
+};
+
+// Rare: lanes with a NaN/inf operand or accumulator take special_value (out of the hot loop);
+// lanes beyond N (padding) are left as they are.
+__attribute__((noinline)) vu specials(const Params& P, const Entry& X, vu bits, vi special, vu c, int64_t m,
+                                      int64_t n0, int64_t k0) {
+  for (int j = 0; j < W && n0 + j < P.N; j++)
+    if (special[j])
+      bits[j] = special_value(X.a + m * P.K, X.b + n0 + j, P.N, P.fa, P.fb, k0, P.block, c[j]);
   return bits;
 }
 
+// The first n (up to W) lanes of v to p.
+template <typename T, typename V>
+inline void store_part(T* p, V v, int64_t n) {
+  static_assert(sizeof(T) == 4 && sizeof(V) == sizeof(vu), "W 32-bit lanes");
+  if (n >= W) {
+    std::memcpy(p, &v, sizeof v);
+    return;
+  }
+#if defined(__AVX512F__)
+  __m512i x;
+  std::memcpy(&x, &v, sizeof x);
+  _mm512_mask_storeu_epi32(p, (__mmask16)((1u << n) - 1u), x);
+#else
+  for (int64_t j = 0; j < n; j++) p[j] = v[j];
+#endif
+}
+
+// Up to W uint32 values from p (n of them; zeros after).
+inline vu load_part(const void* p, int64_t n) {
+  vu v;
+  if (n >= W) {
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
+#if defined(__AVX512F__)
+  __m512i x = _mm512_maskz_loadu_epi32((__mmask16)((1u << (n > 0 ? n : 0)) - 1u), p);
+  std::memcpy(&v, &x, sizeof v);
+#else
+  v = splatu(0);
+  for (int64_t j = 0; j < n; j++) v[j] = static_cast<const uint32_t*>(p)[j];
+#endif
+  return v;
+}
+
 template <bool Safe, int Mode, bool Wide>
-void strip(const Params& P, const int32_t* lens, const float* va, const int32_t* ea, const int32_t* cls_a,
-           const float* bs, const int32_t* es, const int32_t* cls_b, int64_t m0, int64_t n0, uint32_t* out) {
-  const int64_t K = P.K, N = P.N, M = P.M, L = P.block;
-  const float* pa = va + m0 * K;  // the rows' panel, packed (K, R)
-  const int32_t* pe = ea + m0 * K;
+void strip(const Params& P, const Entry& X, int64_t m0, int64_t n0) {
+  const int64_t K = P.K, N = P.N, M = P.M, L = P.block, nw = N - n0 < W ? N - n0 : W;
+  const float* pa = X.va + m0 * K;  // the R rows
+  const int32_t* pe = X.ea + m0 * K;
+  const float* bs = X.bs;
+  const int32_t* es = X.es;
+  const int32_t* lens = X.lens;
   const int F = (int)P.F;
   const int32_t split_bias = (int32_t)(F + 127) - P.ab_shift;
   for (int64_t c0 = 0; c0 < K; c0 += P.chain_k) {
     vu acc[R];
-    for (int r = 0; r < R; r++) acc[r] = splatu(0);
+    for (int r = 0; r < R; r++) {
+      acc[r] = splatu(0);
+      if (X.c && m0 + r < M) acc[r] = load_part(X.c + (m0 + r) * N + n0, nw);
+    }
     const int64_t end = c0 + lens[c0 / P.chain_k];
     for (int64_t k0 = c0; k0 < end; k0 += L) {
       vi E[R], cexp[R], csig[R];
@@ -259,7 +369,7 @@ void strip(const Params& P, const int32_t* lens, const float* va, const int32_t*
         vi e;
         std::memcpy(&e, es + k * W, sizeof e);
         for (int r = 0; r < R; r++) {
-          vi t = e + pe[k * R + r];
+          vi t = e + pe[r * K + k];
           if (P.zero_policy) t = (t < kZeroBelow) ? splat(P.zero_exp) : t;
           E[r] = vmax(E[r], t);
         }
@@ -281,7 +391,7 @@ void strip(const Params& P, const int32_t* lens, const float* va, const int32_t*
           vf b;
           std::memcpy(&b, bs + k * W, sizeof b);
           for (int r = 0; r < R; r++)
-            S[r] += __builtin_convertvector((b * pa[k * R + r]) * scale[r], vi);
+            S[r] += __builtin_convertvector((b * pa[r * K + k]) * scale[r], vi);
           if (Wide && ((k - k0 + 1) % P.group == 0 || k + 1 == k0 + L))
             for (int r = 0; r < R; r++) Shi[r] += S[r] >> 16, Slo[r] += S[r] & 0xFFFF, S[r] = splat(0);
         }
@@ -294,11 +404,11 @@ void strip(const Params& P, const int32_t* lens, const float* va, const int32_t*
           std::memcpy(&b, bs + k * W, sizeof b);
           std::memcpy(&e, es + k * W, sizeof e);
           for (int r = 0; r < R; r++) {
-            vi x = vmax(e + (pe[k * R + r] + base[r]), splat(1));
+            vi x = vmax(e + (pe[r * K + k] + base[r]), splat(1));
             vu u = (vu)x << 23u;
             vf s;
             std::memcpy(&s, &u, sizeof u);
-            S[r] += __builtin_convertvector((b * pa[k * R + r]) * s, vi);
+            S[r] += __builtin_convertvector((b * pa[r * K + k]) * s, vi);
           }
           if (Wide && ((k - k0 + 1) % P.group == 0 || k + 1 == k0 + L))
             for (int r = 0; r < R; r++) Shi[r] += S[r] >> 16, Slo[r] += S[r] & 0xFFFF, S[r] = splat(0);
@@ -323,12 +433,12 @@ void strip(const Params& P, const int32_t* lens, const float* va, const int32_t*
           bits = round_pack<Mode>(neg, mag, E[r] - F, P);
         }
         vi special = (E[r] > kSpecialAbove) | cspecial[r];
-        acc[r] = any(special) ? specials(bits, special, acc[r], cls_a + (m0 + r) * K, cls_b, k0, L) : bits;
+        acc[r] = any(special) && m0 + r < M ? specials(P, X, bits, special, acc[r], m0 + r, n0, k0) : bits;
       }
     }
     const int64_t chain = c0 / P.chain_k;
     for (int r = 0; r < R; r++) {
-      if (m0 + r < M) std::memcpy(out + (chain * M + m0 + r) * N + n0, &acc[r], sizeof acc[r]);
+      if (m0 + r < M) store_part(X.out + (chain * M + m0 + r) * N + n0, acc[r], nw);
     }
   }
 }
@@ -339,25 +449,59 @@ auto pick(int mode) {
          : mode == 3 ? strip<Safe, 3, Wide> : strip<Safe, 4, Wide>;
 }
 
-void worker(const Params& P, const int32_t* lens, const float* va, const int32_t* ea, const int32_t* ca,
-            const float* vb, const int32_t* eb, const int32_t* cb, uint32_t* out, int64_t s_begin,
-            int64_t s_end) {
-  const int64_t K = P.K, N = P.N;
+// Batch entries per entry of each operand. An operand's batch axes are leading axes of the
+// output's (jax.vmap prepends its axes to every operand): entry bt reads the operand's entry
+// bt / div (div = the whole batch for an operand without batch axes).
+struct Strides {
+  int64_t lens, a, b, c;
+  int64_t at(int64_t div, int64_t bt, int64_t per) const { return bt / div * per; }
+};
+
+struct Operands {
+  const int32_t* lens;
+  const uint32_t *a, *b, *c;  // c: null for +0
+  const int32_t *a_exp, *b_exp;  // null for none
+};
+
+// Units [u_begin, u_end) of the batch's column strips (unit u: batch entry u / strips, strip
+// u % strips). A is decoded once per entry a thread meets, each strip of B once.
+void worker(const Params& P, const Strides& S, const Operands& O, int64_t strips, uint32_t* out, int64_t u_begin,
+            int64_t u_end) {
+  const int64_t K = P.K, N = P.N, M = P.M, Mp = (M + R - 1) / R * R;
   const bool wide = P.group < P.block || P.block * (int64_t(1) << (P.F + 2)) + (int64_t(1) << (P.F + 1)) >
                                              (int64_t(1) << 32);
   auto run = P.safe ? (wide ? pick<true, true>(P.mode) : pick<true, false>(P.mode))
                     : (wide ? pick<false, true>(P.mode) : pick<false, false>(P.mode));
-  std::vector<float> bs(K * W);
-  std::vector<int32_t> es(K * W), cs(K * W);
-  for (int64_t s = s_begin; s < s_end; s++) {
-    const int64_t n0 = s * W;
-    for (int64_t k = 0; k < K; k++) {
-      std::memcpy(&bs[k * W], vb + k * N + n0, W * sizeof(float));
-      std::memcpy(&es[k * W], eb + k * N + n0, W * sizeof(int32_t));
-      std::memcpy(&cs[k * W], cb + k * N + n0, W * sizeof(int32_t));
+  std::vector<float> va(Mp * K), bs(K * W);
+  std::vector<int32_t> ea(Mp * K), es(K * W);
+  const uint32_t* decoded = nullptr;
+  for (int64_t u = u_begin; u < u_end; u++) {
+    const int64_t bt = u / strips, n0 = (u % strips) * W;
+    const uint32_t* a = O.a + S.at(S.a, bt, M * K);
+    if (a != decoded) {  // A decoded (M, K) as one run of elements; the rows up to Mp stay 0
+      const int32_t* ae = O.a_exp ? O.a_exp + S.at(S.a, bt, M * K) : nullptr;
+      for (int64_t i = 0; i < M * K; i += W) {
+        vf v;
+        vi e;
+        decode(load_part(a + i, M * K - i), P.fa, P.flush_c, P.safe, ae ? (vi)load_part(ae + i, M * K - i) : splat(0),
+               v, e);
+        store_part(&va[i], v, M * K - i);
+        store_part(&ea[i], e, M * K - i);
+      }
+      decoded = a;
     }
-    for (int64_t m0 = 0; m0 < P.M; m0 += R)
-      run(P, lens, va, ea, ca, bs.data(), es.data(), cs.data(), m0, n0, out);
+    const uint32_t* b = O.b + S.at(S.b, bt, K * N);
+    for (int64_t k = 0; k < K; k++) {
+      vi add = O.b_exp ? (vi)load_part(O.b_exp + S.at(S.b, bt, K * N) + k * N + n0, N - n0) : splat(0);
+      vf v;
+      vi e;
+      decode(load_part(b + k * N + n0, N - n0), P.fb, P.flush_c, P.safe, add, v, e);
+      std::memcpy(&bs[k * W], &v, sizeof v);
+      std::memcpy(&es[k * W], &e, sizeof e);
+    }
+    const Entry X{va.data(), ea.data(), a, bs.data(), es.data(), b, O.c ? O.c + S.at(S.c, bt, M * N) : nullptr,
+                  O.lens + S.at(S.lens, bt, K / P.chain_k), out + bt * (K / P.chain_k) * M * N};
+    for (int64_t m0 = 0; m0 < M; m0 += R) run(P, X, m0, n0);
   }
 }
 
@@ -512,50 +656,59 @@ ffi::Error Grouped(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::F32> va, ffi::Bu
   return ffi::Error::Success();
 }
 
-ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::F32> va, ffi::Buffer<ffi::S32> ea,
-                  ffi::Buffer<ffi::S32> ca, ffi::Buffer<ffi::F32> vb, ffi::Buffer<ffi::S32> eb,
-                  ffi::Buffer<ffi::S32> cb, ffi::ResultBuffer<ffi::U32> out, int64_t chain_k, int64_t block,
-                  int64_t F, int64_t group, int64_t safe, int64_t ab_shift, int64_t zero_policy, int64_t zero_exp,
-                  int64_t has_min_exp, int64_t min_exp, int64_t mode, int64_t p, int64_t subnormals,
-                  int64_t overflow_ieee, int64_t flush_c, int64_t threads) {
-  auto ad = va.dimensions(), bd = vb.dimensions();
-  if (ad.size() != 2 || bd.size() != 2 || ad[1] != bd[0])
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tcemu blockfma: A (M, K) and B (K, N) expected");
-  Params P{ad[0], bd[1], ad[1], chain_k, block, F, group, safe != 0, (int32_t)ab_shift, zero_policy != 0,
-           (int32_t)zero_exp, has_min_exp != 0, (int32_t)min_exp, (int)mode, (int)p, subnormals != 0,
-           overflow_ieee != 0, flush_c != 0};
-  if (P.M % R || P.N % W || P.chain_k <= 0 || P.K % P.chain_k || P.block <= 0 || P.chain_k % P.block ||
-      P.group <= 0 || P.F > 29 || lens.element_count() != (size_t)(P.K / P.chain_k))
+// Strides' divisor of a buffer of `count` elements, `per` elements per entry: -1 when its entries
+// do not divide the batch.
+int64_t batch_stride(size_t count, int64_t per, int64_t batch) {
+  const int64_t n = (int64_t)count / per;
+  return (int64_t)count % per || n < 1 || batch % n ? -1 : batch / n;
+}
+
+ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::U32> a, ffi::Buffer<ffi::U32> b,
+                  ffi::Buffer<ffi::S32> a_exp, ffi::Buffer<ffi::S32> b_exp, ffi::Buffer<ffi::U32> c,
+                  ffi::ResultBuffer<ffi::U32> out, int64_t chain_k, int64_t block, int64_t F, int64_t group,
+                  int64_t safe, int64_t ab_shift, int64_t zero_policy, int64_t zero_exp, int64_t has_min_exp,
+                  int64_t min_exp, int64_t mode, int64_t p, int64_t subnormals, int64_t overflow_ieee,
+                  int64_t flush_c, int64_t a_format, int64_t b_format, int64_t has_c, int64_t has_a_exp,
+                  int64_t has_b_exp, int64_t threads) {
+  auto ad = a.dimensions(), bd = b.dimensions();
+  if (ad.size() < 2 || bd.size() < 2 || ad[ad.size() - 1] != bd[bd.size() - 2])
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tcemu blockfma: A (..., M, K) and B (..., K, N) expected");
+  if (out->element_count() == 0) return ffi::Error::Success();
+  // formats packed as eb | fb << 8 | shift << 16 | has_inf << 24 | has_nan << 25
+  auto fmt = [](int64_t x) {
+    return Fmt{(int32_t)(x & 255), (int32_t)((x >> 8) & 255), (int32_t)((x >> 16) & 255), ((x >> 24) & 1) != 0,
+               ((x >> 25) & 1) != 0};
+  };
+  Params P{ad[ad.size() - 2], bd[bd.size() - 1], ad[ad.size() - 1], chain_k, block, F, group, safe != 0,
+           (int32_t)ab_shift, zero_policy != 0, (int32_t)zero_exp, has_min_exp != 0, (int32_t)min_exp, (int)mode,
+           (int)p, subnormals != 0, overflow_ieee != 0, flush_c != 0, fmt(a_format), fmt(b_format)};
+  if (P.M < 1 || P.N < 1 || P.chain_k <= 0 || P.K % P.chain_k || P.block <= 0 || P.chain_k % P.block ||
+      P.group <= 0 || P.F > 29)
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      "tcemu blockfma: M % 4, N % 16, K % chain_k and chain_k % block must be 0, "
-                      "one length per chain, F <= 29");
-  const int64_t strips = P.N / W;
+                      "tcemu blockfma: K % chain_k and chain_k % block must be 0, F <= 29");
+  const int64_t C = P.K / P.chain_k, MK = P.M * P.K, KN = P.K * P.N, MN = P.M * P.N;
+  const int64_t batch = (int64_t)out->element_count() / (C * MN);
+  const Strides S{batch_stride(lens.element_count(), C, batch), batch_stride(a.element_count(), MK, batch),
+                  batch_stride(b.element_count(), KN, batch), batch_stride(c.element_count(), MN, batch)};
+  const bool has_ae = has_a_exp != 0, has_be = has_b_exp != 0;
+  if (S.lens < 0 || S.a < 0 || S.b < 0 || (has_c != 0 && S.c < 0) || (has_ae && a_exp.element_count() != a.element_count()) ||
+      (has_be && b_exp.element_count() != b.element_count()))
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "tcemu blockfma: one length per chain, operands and C per batch entry or shared");
+  const int64_t strips = (P.N + W - 1) / W, units = batch * strips;
   int64_t T = threads < 1 ? 1 : threads;
-  if (P.M * P.N * P.K < kThreadsFrom) T = 1;  // small calls: threads cost more than they save
-  if (T > strips) T = strips;
-  const int32_t* l = lens.typed_data();
-  // A packed by panels of R rows, (M / R, K, R): each panel's reads are contiguous
-  std::vector<float> apack(P.M * P.K);
-  std::vector<int32_t> epack(P.M * P.K);
-  for (int64_t m = 0; m < P.M; m++)
-    for (int64_t k = 0; k < P.K; k++) {
-      const int64_t at = ((m / R) * P.K + k) * R + m % R;
-      apack[at] = va.typed_data()[m * P.K + k];
-      epack[at] = ea.typed_data()[m * P.K + k];
-    }
-  const float* a = apack.data();
-  const int32_t* e = epack.data();
-  const float* b = vb.typed_data();
-  const int32_t* f = eb.typed_data();
-  const int32_t* x = ca.typed_data();
-  const int32_t* y = cb.typed_data();
+  if (batch * MN * P.K < kThreadsFrom) T = 1;  // small calls: threads cost more than they save
+  if (T > units) T = units;
+  const Operands O{lens.typed_data(), a.typed_data(), b.typed_data(), has_c != 0 ? c.typed_data() : nullptr,
+                   has_ae ? a_exp.typed_data() : nullptr, has_be ? b_exp.typed_data() : nullptr};
   uint32_t* o = out->typed_data();
   if (T == 1) {
-    worker(P, l, a, e, x, b, f, y, o, 0, strips);
+    worker(P, S, O, strips, o, 0, units);
   } else {
     std::vector<std::thread> pool;
     for (int64_t t = 0; t < T; t++)
-      pool.emplace_back(worker, std::cref(P), l, a, e, x, b, f, y, o, strips * t / T, strips * (t + 1) / T);
+      pool.emplace_back(worker, std::cref(P), std::cref(S), std::cref(O), strips, o, units * t / T,
+                        units * (t + 1) / T);
     for (auto& th : pool) th.join();
   }
   return ffi::Error::Success();
@@ -566,12 +719,11 @@ ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::F32> va, ffi::Buf
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tcemu_blockfma_chains, Chains,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
                                   .Ret<ffi::Buffer<ffi::U32>>()
                                   .Attr<int64_t>("chain_k")
                                   .Attr<int64_t>("block")
@@ -588,6 +740,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(tcemu_blockfma_chains, Chains,
                                   .Attr<int64_t>("subnormals")
                                   .Attr<int64_t>("overflow_ieee")
                                   .Attr<int64_t>("flush_c")
+                                  .Attr<int64_t>("a_format")
+                                  .Attr<int64_t>("b_format")
+                                  .Attr<int64_t>("has_c")
+                                  .Attr<int64_t>("has_a_exp")
+                                  .Attr<int64_t>("has_b_exp")
                                   .Attr<int64_t>("threads"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tcemu_grouped_chains, Grouped,

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tcemu._src import formats as fm
+from tcemu._src import native
 from tcemu._src.arch import resolve
 from tcemu._src.isa.parse import Mma
 from tcemu._src.numerics import engine, fma64, grouped, integer
@@ -123,8 +124,34 @@ def mma_bits(ins: Mma, a, b, c, model, *, arch="sm_90", key=None, scale_a=None, 
     m = resolve_model(ins, model, arch)
     if ins.scale_vec is not None:
         return _scaled(ins, m, a, b, c, scale_a, scale_b, key)
+    if _native_ok(ins, m):
+        return _native(ins, m, a, b, c)
     prep = engine.prepare(a, fm.FORMATS[ins.atype], b, fm.FORMATS[ins.btype], m)
     return _float_prepared(ins, m, prep, c, key)
+
+
+def _native_ok(ins: Mma, m: BlockFMA) -> bool:
+    """Whether the compiled CPU kernel (tcemu/_src/native) computes this instruction's numerics:
+    float32 accumulation, a model it covers, on the CPU backend."""
+    if ins.family in ("int", "b1", "f64") or m.scale_group is not None or m.addend_rounding == "stochastic":
+        return False
+    return native.use(m.replace(addend="first"), fm.FORMATS[ins.atype], fm.FORMATS[ins.btype], ins.k,
+                      _float_plan(ins, m)[0])
+
+
+def _native(ins: Mma, m: BlockFMA, a, b, c, a_exp=None, b_exp=None):
+    """:func:`_float_prepared` on the compiled CPU kernel: one chain of K from C (``addend="last"``:
+    from +0, then one addition of C), over every leading batch axis in one call."""
+    _, _, widen, narrow = _float_plan(ins, m)
+    c = jnp.asarray(c).astype(jnp.uint32)
+    if widen:
+        c = engine.convert(c, fm.F16, fm.F32)
+    last = m.addend == "last"
+    d = native.chains(a, b, fm.FORMATS[ins.atype], fm.FORMATS[ins.btype], m.replace(addend="first"), k=ins.k,
+                      chain_k=ins.k, lens=[ins.k], a_exp=a_exp, b_exp=b_exp, c=None if last else c)[..., 0, :, :]
+    if last:
+        d = engine._add(d, fm.F32, c, fm.F32, m, out=engine.accumulator_format(m, "f32"), mode=m.addend_rounding)
+    return engine.convert(d, fm.F32, fm.F16, "rne") if narrow else d
 
 
 def _scaled(ins: Mma, m: BlockFMA, a, b, c, scale_a, scale_b, key):
@@ -136,9 +163,12 @@ def _scaled(ins: Mma, m: BlockFMA, a, b, c, scale_a, scale_b, key):
         d = grouped.grouped_dot(jnp.asarray(a).astype(jnp.uint32), jnp.asarray(b).astype(jnp.uint32), c, sa, sb,
                                 blk, m)
     else:  # ue8m0: a power of two per block, added to the exponents of its elements
-        prep = engine.prepare(a, fm.FORMATS[ins.atype], b, fm.FORMATS[ins.btype], m,
-                              a_exp=jnp.repeat(sa.exp, blk, axis=-1), b_exp=jnp.repeat(sb.exp, blk, axis=-2))
-        d = _float_prepared(ins, m, prep, c, key, min_scale_exp=-254)
+        a_exp, b_exp = jnp.repeat(sa.exp, blk, axis=-1), jnp.repeat(sb.exp, blk, axis=-2)
+        if _native_ok(ins, m):
+            d = _native(ins, m, a, b, c, a_exp, b_exp)
+        else:
+            prep = engine.prepare(a, fm.FORMATS[ins.atype], b, fm.FORMATS[ins.btype], m, a_exp=a_exp, b_exp=b_exp)
+            d = _float_prepared(ins, m, prep, c, key, min_scale_exp=-254)
     nan = jnp.any(sa.is_nan, axis=-1)[..., :, None] | jnp.any(sb.is_nan, axis=-2)[..., None, :]
     return jnp.where(nan, jnp.uint32(fm.F32.canonical_nan), d)
 
@@ -172,7 +202,8 @@ def mma_bits_batched(ins: Mma, a, b, c, model, *, arch="sm_90", key=None, scale_
     for s in batch:
         T *= s
     per = max(1, chunk_terms() // (ins.m * ins.n * ins.k))
-    if T <= per:
+    m = None if ins.family in ("int", "b1", "f64") else resolve_model(ins, model, arch)
+    if T <= per or (m is not None and m.scale_group is None and _native_ok(ins, m)):  # the kernel takes any batch
         return mma_bits(ins, a, b, c, model, arch=arch, key=key, scale_a=scale_a, scale_b=scale_b)
     n = -(-T // per)
 
@@ -183,7 +214,6 @@ def mma_bits_batched(ins: Mma, a, b, c, model, *, arch="sm_90", key=None, scale_
 
     keys = None if key is None else jax.random.split(key, n)
     fa, fb = fm.FORMATS.get(ins.atype), fm.FORMATS.get(ins.btype)
-    m = None if ins.family in ("int", "b1", "f64") else resolve_model(ins, model, arch)
     if ins.scale_vec is not None:
         def body(_, x):
             return None, mma_bits(ins, x[0], x[1], x[2], model, arch=arch, key=x[3], scale_a=x[4], scale_b=x[5])
