@@ -4,7 +4,8 @@
 
 For each instruction, ``tiles`` independent MMAs (random normal operands) are computed by
 ``tcemu.mma`` (value level, jit-compiled, bit-exact) and by a batched native
-``jnp.matmul(a.astype(f32), b.astype(f32), precision="highest") + c``. Reported: time per call,
+``jnp.matmul(a.astype(f32), b.astype(f32), precision="highest") + c`` (block-scaled kinds: random
+ue8m0 scales near 1, which the native side leaves out). Reported: time per call,
 emulated MMAs/s, the same in m16n8k16-equivalents (M*N*K / 2048), and the slowdown vs native.
 """
 from __future__ import annotations
@@ -19,13 +20,18 @@ import numpy as np
 import tcemu
 from common import device_name, table, timeit
 
+# (spelling, A/B dtype, C dtype, arch: None for --arch); block-scaled kinds get random ue8m0 scales
+F4 = ml_dtypes.float4_e2m1fn
 INSTRUCTIONS = [
-    ("wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32", jnp.float16, jnp.float32),
-    ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", jnp.float16, jnp.float32),
-    ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", jnp.bfloat16, jnp.float32),
-    ("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", jnp.float32, jnp.float32),
-    ("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32", ml_dtypes.float8_e4m3fn, jnp.float32),
-    ("wmma.mma.sync.aligned.row.col.m16n16k16.s32.s8.s8.s32", jnp.int8, jnp.int32),
+    ("wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32", jnp.float16, jnp.float32, None),
+    ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", jnp.float16, jnp.float32, None),
+    ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", jnp.bfloat16, jnp.float32, None),
+    ("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", jnp.float32, jnp.float32, None),
+    ("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32", ml_dtypes.float8_e4m3fn, jnp.float32, None),
+    ("wmma.mma.sync.aligned.row.col.m16n16k16.s32.s8.s8.s32", jnp.int8, jnp.int32, None),
+    ("mma.sync.aligned.m16n8k32.row.col.kind::f8f6f4.f32.e2m1.e2m1.f32", F4, jnp.float32, "RTX5090"),
+    ("mma.sync.aligned.m16n8k32.row.col.kind::mxf8f6f4.block_scale.scale_vec::1X.f32.e4m3.e4m3.f32.ue8m0",
+     ml_dtypes.float8_e4m3fn, jnp.float32, "RTX5090"),
 ]
 
 
@@ -39,9 +45,10 @@ def main():
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     rows = []
-    for sp, adt, cdt in INSTRUCTIONS:
+    for sp, adt, cdt, arch in INSTRUCTIONS:
         if args.only not in sp:
             continue
+        arch = arch or args.arch
         ins = tcemu._src.isa.parse.parse(sp)
         T, M, N, K = args.tiles, ins.m, ins.n, ins.k
         if np.dtype(adt).kind == "i":
@@ -52,7 +59,11 @@ def main():
             a = jnp.asarray(rng.standard_normal((T, M, K)).astype(adt))
             b = jnp.asarray(rng.standard_normal((T, K, N)).astype(adt))
             c = jnp.asarray(rng.standard_normal((T, M, N)).astype(cdt))
-        emu = jax.jit(lambda a, b, c, sp=sp: tcemu.mma(sp, a, b, c, arch=args.arch))
+        scales = {}
+        if ins.scale_vec:  # ue8m0 codes around 2**0
+            scales = dict(scale_a=jnp.asarray(rng.integers(120, 135, (T, M, ins.scale_vec)), jnp.uint8),
+                          scale_b=jnp.asarray(rng.integers(120, 135, (T, ins.scale_vec, N)), jnp.uint8))
+        emu = jax.jit(lambda a, b, c, sp=sp, arch=arch, s=scales: tcemu.mma(sp, a, b, c, arch=arch, **s))
         nat_t = jnp.int32 if np.dtype(adt).kind == "i" else jnp.float32
         native = jax.jit(lambda a, b, c: jnp.matmul(a.astype(nat_t), b.astype(nat_t), precision="highest") + c)
         # interleaved rounds: this machine's speed drifts, so both sides see the same conditions
@@ -65,7 +76,7 @@ def main():
         eq = M * N * K / 2048
         rows.append([sp.replace(".sync.aligned", ""), T, f"{e_best * 1e3:.2f}", f"{T / e_best:,.0f}",
                      f"{T * eq / e_best:,.0f}", f"{T * eq / e_med:,.0f}", f"{n_best * 1e3:.3f}", f"{e_best / n_best:.1f}"])
-    print(f"device: {device_name()}  arch preset: {args.arch}  tiles per call: {args.tiles}")
+    print(f"device: {device_name()}  arch preset: {args.arch} (kind:: forms: RTX5090)  tiles per call: {args.tiles}")
     print(table(rows, ["instruction", "tiles", "emu ms", "MMAs/s", "m16n8k16-eq/s", "(median)", "native ms",
                        "emu/native"]))
 
