@@ -10,7 +10,7 @@
 // Operands: the bit patterns of A (M, K) and B (K, N) with their formats (exponent and fraction
 // bits, shift, NaN/inf encoding), optional int32 exponents added per element (the ue8m0 scales of
 // kind::mxf8f6f4). The kernel decodes them as engine._prepare does (exponent sentinels: zero
-// -2**18, NaN/inf +2**20), A once per thread and B by strips of W columns.
+// -2**18, NaN/inf +2**20), A once per batch entry and B by strips of W columns.
 // "safe" mode: the decoded values are the exact element values (their products are exact float32
 // numbers far from the range limits), so a term is trunc(va * vb * 2**(F - E)). Otherwise they are
 // the signed integer significands (at most 12 bits) and a term is trunc(va * vb * 2**(ea + eb - fab
@@ -463,31 +463,37 @@ struct Operands {
   const int32_t *a_exp, *b_exp;  // null for none
 };
 
+// One entry of A (M, K) decoded as one run of elements into va/ea (rows up to a multiple of R
+// beyond M are left as they are: their outputs are not stored).
+void decode_a(const Params& P, const uint32_t* a, const int32_t* ae, float* va, int32_t* ea) {
+  const int64_t n = P.M * P.K;
+  for (int64_t i = 0; i < n; i += W) {
+    vf v;
+    vi e;
+    decode(load_part(a + i, n - i), P.fa, P.flush_c, P.safe, ae ? (vi)load_part(ae + i, n - i) : splat(0), v, e);
+    store_part(va + i, v, n - i);
+    store_part(ea + i, e, n - i);
+  }
+}
+
 // Units [u_begin, u_end) of the batch's column strips (unit u: batch entry u / strips, strip
-// u % strips). A is decoded once per entry a thread meets, each strip of B once.
-void worker(const Params& P, const Strides& S, const Operands& O, int64_t strips, uint32_t* out, int64_t u_begin,
-            int64_t u_end) {
+// u % strips). Each strip of B is decoded once; A is shared (decoded before the threads: one
+// entry for the whole batch) or decoded once per entry a thread meets.
+void worker(const Params& P, const Strides& S, const Operands& O, const float* va_shared, const int32_t* ea_shared,
+            int64_t strips, uint32_t* out, int64_t u_begin, int64_t u_end) {
   const int64_t K = P.K, N = P.N, M = P.M, Mp = (M + R - 1) / R * R;
   const bool wide = P.group < P.block || P.block * (int64_t(1) << (P.F + 2)) + (int64_t(1) << (P.F + 1)) >
                                              (int64_t(1) << 32);
   auto run = P.safe ? (wide ? pick<true, true>(P.mode) : pick<true, false>(P.mode))
                     : (wide ? pick<false, true>(P.mode) : pick<false, false>(P.mode));
-  std::vector<float> va(Mp * K), bs(K * W);
-  std::vector<int32_t> ea(Mp * K), es(K * W);
+  std::vector<float> va(va_shared ? 0 : Mp * K), bs(K * W);
+  std::vector<int32_t> ea(va_shared ? 0 : Mp * K), es(K * W);
   const uint32_t* decoded = nullptr;
   for (int64_t u = u_begin; u < u_end; u++) {
     const int64_t bt = u / strips, n0 = (u % strips) * W;
     const uint32_t* a = O.a + S.at(S.a, bt, M * K);
-    if (a != decoded) {  // A decoded (M, K) as one run of elements; the rows up to Mp stay 0
-      const int32_t* ae = O.a_exp ? O.a_exp + S.at(S.a, bt, M * K) : nullptr;
-      for (int64_t i = 0; i < M * K; i += W) {
-        vf v;
-        vi e;
-        decode(load_part(a + i, M * K - i), P.fa, P.flush_c, P.safe, ae ? (vi)load_part(ae + i, M * K - i) : splat(0),
-               v, e);
-        store_part(&va[i], v, M * K - i);
-        store_part(&ea[i], e, M * K - i);
-      }
+    if (!va_shared && a != decoded) {
+      decode_a(P, a, O.a_exp ? O.a_exp + S.at(S.a, bt, M * K) : nullptr, va.data(), ea.data());
       decoded = a;
     }
     const uint32_t* b = O.b + S.at(S.b, bt, K * N);
@@ -499,8 +505,9 @@ void worker(const Params& P, const Strides& S, const Operands& O, int64_t strips
       std::memcpy(&bs[k * W], &v, sizeof v);
       std::memcpy(&es[k * W], &e, sizeof e);
     }
-    const Entry X{va.data(), ea.data(), a, bs.data(), es.data(), b, O.c ? O.c + S.at(S.c, bt, M * N) : nullptr,
-                  O.lens + S.at(S.lens, bt, K / P.chain_k), out + bt * (K / P.chain_k) * M * N};
+    const Entry X{va_shared ? va_shared : va.data(), va_shared ? ea_shared : ea.data(), a, bs.data(), es.data(), b,
+                  O.c ? O.c + S.at(S.c, bt, M * N) : nullptr, O.lens + S.at(S.lens, bt, K / P.chain_k),
+                  out + bt * (K / P.chain_k) * M * N};
     for (int64_t m0 = 0; m0 < M; m0 += R) run(P, X, m0, n0);
   }
 }
@@ -702,12 +709,19 @@ ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::U32> a, ffi::Buff
   const Operands O{lens.typed_data(), a.typed_data(), b.typed_data(), has_c != 0 ? c.typed_data() : nullptr,
                    has_ae ? a_exp.typed_data() : nullptr, has_be ? b_exp.typed_data() : nullptr};
   uint32_t* o = out->typed_data();
+  // one entry of A for the whole batch (a GEMM): decoded once, read by every thread
+  const int64_t Mp = (P.M + R - 1) / R * R;
+  std::vector<float> va(S.a == batch && T > 1 ? Mp * P.K : 0);
+  std::vector<int32_t> ea(va.size());
+  if (!va.empty()) decode_a(P, O.a, O.a_exp, va.data(), ea.data());
+  const float* vs = va.empty() ? nullptr : va.data();
+  const int32_t* es = va.empty() ? nullptr : ea.data();
   if (T == 1) {
-    worker(P, S, O, strips, o, 0, units);
+    worker(P, S, O, vs, es, strips, o, 0, units);
   } else {
     std::vector<std::thread> pool;
     for (int64_t t = 0; t < T; t++)
-      pool.emplace_back(worker, std::cref(P), std::cref(S), std::cref(O), strips, o, units * t / T,
+      pool.emplace_back(worker, std::cref(P), std::cref(S), std::cref(O), vs, es, strips, o, units * t / T,
                         units * (t + 1) / T);
     for (auto& th : pool) th.join();
   }
