@@ -142,16 +142,15 @@ def _native_ok(ins: Mma, m: BlockFMA) -> bool:
 def _native(ins: Mma, m: BlockFMA, a, b, c, a_exp=None, b_exp=None):
     """:func:`_float_prepared` on the compiled CPU kernel: one chain of K from C (``addend="last"``:
     from +0, then one addition of C), over every leading batch axis in one call."""
-    _, _, widen, narrow = _float_plan(ins, m)
-    c = jnp.asarray(c).astype(jnp.uint32)
-    if widen:
-        c = engine.convert(c, fm.F16, fm.F32)
-    last = m.addend == "last"
-    d = native.chains(a, b, fm.FORMATS[ins.atype], fm.FORMATS[ins.btype], m.replace(addend="first"), k=ins.k,
-                      chain_k=ins.k, lens=[ins.k], a_exp=a_exp, b_exp=b_exp, c=None if last else c)[..., 0, :, :]
-    if last:
-        d = engine._add(d, fm.F32, c, fm.F32, m, out=engine.accumulator_format(m, "f32"), mode=m.addend_rounding)
-    return engine.convert(d, fm.F32, fm.F16, "rne") if narrow else d
+    def dot(c, cfmt, acc):  # acc is "f32" here (_native_ok)
+        last = m.addend == "last"
+        d = native.chains(a, b, fm.FORMATS[ins.atype], fm.FORMATS[ins.btype], m.replace(addend="first"), k=ins.k,
+                          chain_k=ins.k, lens=[ins.k], a_exp=a_exp, b_exp=b_exp, c=None if last else c)[..., 0, :, :]
+        if last:
+            d = engine._add(d, fm.F32, c, cfmt, m, out=engine.accumulator_format(m, acc), mode=m.addend_rounding)
+        return d
+
+    return _with_c_and_d(ins, m, c, dot)
 
 
 def _scaled(ins: Mma, m: BlockFMA, a, b, c, scale_a, scale_b, key):
@@ -173,14 +172,20 @@ def _scaled(ins: Mma, m: BlockFMA, a, b, c, scale_a, scale_b, key):
     return jnp.where(nan, jnp.uint32(fm.F32.canonical_nan), d)
 
 
-def _float_prepared(ins: Mma, m: BlockFMA, prep, c, key, min_scale_exp: int = 0):
+def _with_c_and_d(ins: Mma, m: BlockFMA, c, dot):
+    """``dot(c, C format, accumulator)`` with C widened first (``.f32.f16``) and D narrowed after
+    (``.f16.f32``), as :func:`_float_plan` says."""
     acc, cfmt, widen, narrow = _float_plan(ins, m)
     c = jnp.asarray(c).astype(jnp.uint32)
     if widen:
         c = engine.convert(c, fm.F16, fm.F32)
-    d = engine.fused_dot_prepared(prep, fm.FORMATS[ins.atype], fm.FORMATS[ins.btype], c, cfmt, m, acc=acc, key=key,
-                                  min_scale_exp=min_scale_exp)
+    d = dot(c, cfmt, acc)
     return engine.convert(d, fm.F32, fm.F16, "rne") if narrow else d
+
+
+def _float_prepared(ins: Mma, m: BlockFMA, prep, c, key, min_scale_exp: int = 0):
+    return _with_c_and_d(ins, m, c, lambda c, cfmt, acc: engine.fused_dot_prepared(
+        prep, fm.FORMATS[ins.atype], fm.FORMATS[ins.btype], c, cfmt, m, acc=acc, key=key, min_scale_exp=min_scale_exp))
 
 
 def chunk_terms() -> int:
