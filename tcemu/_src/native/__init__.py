@@ -180,7 +180,7 @@ def chains(a_bits, b_bits, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, model, *,
     if not available():
         raise RuntimeError(f"tcemu: the CPU kernel is not available ({_state.get('error', 'TCEMU_NATIVE=0')})")
     scaled = a_exp is not None or b_exp is not None
-    safe = not scaled and afmt.name in _SAFE and bfmt.name in _SAFE
+    kind = 1 if not scaled and afmt.name in _SAFE and bfmt.name in _SAFE else 2
     a_bits, b_bits = jnp.asarray(a_bits).astype(jnp.uint32), jnp.asarray(b_bits).astype(jnp.uint32)
     if model.tf32_conversion == "rna":
         a_bits = engine.convert(a_bits, fm.F32, fm.TF32, "rna") if afmt is fm.TF32 else a_bits
@@ -209,7 +209,7 @@ def chains(a_bits, b_bits, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, model, *,
     zpol = model.zero_exponent is not None and afmt.emin + bfmt.emin - (254 if scaled else 0) < model.zero_exponent
     L = min(model.block_size, k)
     attrs = dict(chain_k=chain_k, block=L, F=model.fraction_bits, group=max(1, min(L, 1 << (29 - model.fraction_bits))),
-                 safe=int(safe),
+                 kind=kind,
                  ab_shift=afmt.fraction_bits + bfmt.fraction_bits, zero_policy=int(zpol),
                  zero_exp=-_BIG if model.zero_exponent is None else model.zero_exponent,
                  has_min_exp=int(model.min_exponent is not None), min_exp=model.min_exponent or 0,

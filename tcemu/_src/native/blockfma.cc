@@ -24,7 +24,7 @@
 #include <thread>
 #include <vector>
 
-#if defined(__AVX512F__)
+#if defined(__SSE__)
 #include <immintrin.h>
 #endif
 
@@ -34,7 +34,15 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int W = 16;  // output columns per vector
+// output columns per vector: one native vector register of 32-bit lanes (wider generic vectors are
+// split, and partly scalarised, by the compiler)
+#if defined(__AVX512F__)
+constexpr int W = 16;
+#elif defined(__AVX2__)
+constexpr int W = 8;
+#else
+constexpr int W = 4;
+#endif
 constexpr int R = 4;   // output rows sharing the loads of B
 typedef int32_t vi __attribute__((vector_size(4 * W)));
 typedef uint32_t vu __attribute__((vector_size(4 * W)));
@@ -57,7 +65,7 @@ struct Fmt {
 struct Params {
   int64_t M, N, K, chain_k, block, F;
   int64_t group;            // products per int32 partial sum (the engine's _group_sums)
-  bool safe;
+  int kind;                 // Kind: how strip() reads the operands
   int32_t ab_shift;         // fab + fbb (split mode)
   bool zero_policy;         // zero products count with zero_exp
   int32_t zero_exp;         // exponent of a zero accumulator (zero_exponent, or -2**20)
@@ -89,16 +97,15 @@ inline bool any(vi x) {  // some lane nonzero
   __m512i v;
   std::memcpy(&v, &x, sizeof v);
   return _mm512_test_epi32_mask(v, v) != 0;
-#endif
-  typedef int32_t half __attribute__((vector_size(2 * W)));
-  half h[2];
-  std::memcpy(h, &x, sizeof x);
-  half o = h[0] | h[1];
-  int64_t w[W / 4];
-  std::memcpy(w, &o, sizeof o);
-  int64_t r = 0;
-  for (int i = 0; i < W / 4; i++) r |= w[i];
+#elif defined(__AVX2__)
+  __m256i v;
+  std::memcpy(&v, &x, sizeof v);
+  return !_mm256_testz_si256(v, v);
+#else
+  int32_t r = 0;
+  for (int i = 0; i < W; i++) r |= x[i];
   return r != 0;
+#endif
 }
 
 inline vi clz(vu x) {  // 32 for 0
@@ -110,17 +117,15 @@ inline vi clz(vu x) {  // 32 for 0
   vi out;
   std::memcpy(&out, &v, sizeof out);
   return out;
+#else  // the exponent of the top 16 bits (or, where they are 0, of the low 16) as a float32
+  const vu hi = x >> 16u;
+  const vi upper = (vi)(hi != 0);
+  const vf f = __builtin_convertvector((vi)(upper ? hi : (x & 0xFFFFu)), vf);
+  vi e;
+  std::memcpy(&e, &f, sizeof e);
+  const vi r = (upper ? splat(15 + 127) : splat(31 + 127)) - (e >> 23);
+  return (x == 0) ? splat(32) : r;
 #endif
-  vi r = splat(0);
-  vu t;
-  vi c;
-  for (int s = 16; s >= 1; s >>= 1) {
-    t = x >> (uint32_t)s;
-    c = (vi)(t != 0);
-    r += c & s;
-    x = c ? t : x;
-  }
-  return (x == 0) ? splat(32) : 31 - r;
 }
 
 // rounding.round_pack32 + _finish for the accumulator format (8 exponent bits, bias 127, emin
@@ -218,10 +223,12 @@ __attribute__((always_inline)) inline void norm2(vi hi, vi lo, vi& neg, vu& m, v
   m = (mhi << (vu)(Split - sh)) | (mlo >> s) | (vu)((vi)(lost != 0) & 1);
 }
 
-// engine._prepare of W elements' bits (fm.decode, flushing subnormals if asked): the value (safe:
-// the exact element value; else the signed significand) and the exponent with the sentinels, plus
-// `add`. Bits 0 (also the padding beyond M and N) decode to value 0 with the zero sentinel.
-inline void decode(vu bits, const Fmt& f, bool flush, bool safe, vi add, vf& v, vi& e) {
+// engine._prepare of W elements' bits (fm.decode, flushing subnormals if asked) with `add` added to
+// the exponents (ue8m0 scales): the exact value sig * 2**(exp + add - fb) (scaled in two exact
+// steps; NaN/inf give a finite placeholder), the signed significand, and the exponent with the
+// sentinels. Bits 0 (also the padding beyond M and N) decode to value 0 with the zero sentinel.
+// Returns the lanes whose value a float32 cannot hold exactly (scales beyond its range).
+inline vi decode(vu bits, const Fmt& f, bool flush, vi add, vf& v, vf& sg, vi& e) {
   const vu u = bits >> (uint32_t)f.shift;
   vi frac = (vi)(u & ((1u << f.fb) - 1u));
   const vi ef = (vi)((u >> (uint32_t)f.fb) & ((1u << f.eb) - 1u));
@@ -232,17 +239,17 @@ inline void decode(vu bits, const Fmt& f, bool flush, bool safe, vi add, vf& v, 
   const vi normal = ef != 0;
   if (flush) frac = normal ? frac : splat(0);
   const vi sig = normal ? (frac | (1 << f.fb)) : frac;
-  const vi exp = normal ? ef - bias : splat(1 - bias);
-  vf x = __builtin_convertvector(neg ? -sig : sig, vf);
-  if (safe) {
-    const vu p = (vu)(exp - f.fb + 127) << 23u;
-    vf scale;
-    std::memcpy(&scale, &p, sizeof p);
-    x = (sig == 0) ? (vf){} : x * scale;
-  }
-  v = x;
-  e = ((sig == 0) ? splat(kZeroSentinel) : exp);
-  e = (special ? splat(kBig) : e) + add;
+  const vi exp = (normal ? ef - bias : splat(1 - bias)) + add;
+  sg = __builtin_convertvector(neg ? -sig : sig, vf);
+  const vi x = vmin(vmax(exp - f.fb, splat(-149)), splat(127)), h = x >> 1;
+  const vu p1 = (vu)(h + 127) << 23u, p2 = (vu)(x - h + 127) << 23u;
+  vf s1, s2;
+  std::memcpy(&s1, &p1, sizeof p1);
+  std::memcpy(&s2, &p2, sizeof p2);
+  const vi zero = sig == 0;
+  v = zero ? (vf){} : (sg * s1) * s2;
+  e = (zero ? splat(kZeroSentinel) : special ? splat(kBig) : exp - add) + add;
+  return ~(zero | special) & ((exp - f.fb < -149) | (exp > 127));
 }
 
 // Classes of one element for the special-value path (engine._product_flags, without flushing):
@@ -281,9 +288,11 @@ __attribute__((noinline)) uint32_t special_value(const uint32_t* arow, const uin
 // One batch entry's operands as strip() reads them.
 struct Entry {
   const float* va;       // A decoded, (M rounded up to R, K); rows beyond M are 0
+  const float* va2;      // hybrid: A's signed significands (va holds the values)
   const int32_t* ea;
   const uint32_t* a;     // A's bits (M, K), for the special-value path
   const float* bs;       // B's strip decoded, packed (K, W)
+  const float* bs2;      // hybrid: B's signed significands
   const int32_t* es;
   const uint32_t* b;     // B's bits (K, N)
   const uint32_t* c;     // C (M, N) float32 bits, or null for +0
@@ -301,6 +310,12 @@ __attribute__((noinline)) vu specials(const Params& P, const Entry& X, vu bits, 
   return bits;
 }
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+inline __m256i lanes_below(int64_t n) {  // the AVX2 lane mask of lanes [0, n)
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+#endif
+
 // The first n (up to W) lanes of v to p.
 template <typename T, typename V>
 inline void store_part(T* p, V v, int64_t n) {
@@ -313,6 +328,10 @@ inline void store_part(T* p, V v, int64_t n) {
   __m512i x;
   std::memcpy(&x, &v, sizeof x);
   _mm512_mask_storeu_epi32(p, (__mmask16)((1u << n) - 1u), x);
+#elif defined(__AVX2__)
+  __m256i x;
+  std::memcpy(&x, &v, sizeof x);
+  _mm256_maskstore_epi32(reinterpret_cast<int*>(p), lanes_below(n), x);
 #else
   for (int64_t j = 0; j < n; j++) p[j] = v[j];
 #endif
@@ -328,6 +347,9 @@ inline vu load_part(const void* p, int64_t n) {
 #if defined(__AVX512F__)
   __m512i x = _mm512_maskz_loadu_epi32((__mmask16)((1u << (n > 0 ? n : 0)) - 1u), p);
   std::memcpy(&v, &x, sizeof v);
+#elif defined(__AVX2__)
+  __m256i x = _mm256_maskload_epi32(static_cast<const int*>(p), lanes_below(n));
+  std::memcpy(&v, &x, sizeof v);
 #else
   v = splatu(0);
   for (int64_t j = 0; j < n; j++) v[j] = static_cast<const uint32_t*>(p)[j];
@@ -335,16 +357,131 @@ inline vu load_part(const void* p, int64_t n) {
   return v;
 }
 
-template <bool Safe, int Mode, bool Wide>
-void strip(const Params& P, const Entry& X, int64_t m0, int64_t n0) {
-  const int64_t K = P.K, N = P.N, M = P.M, L = P.block, nw = N - n0 < W ? N - n0 : W;
+// How strip() reads the operands: kSplit, signed significands and a power of two per product
+// (any format); kSafe, exact values whose float32 products are exact and far from the range limits
+// (f16, fp8, fp6, fp4); kHybrid (bf16, tf32), exact values in blocks whose alignment exponent E
+// keeps every term exact in float32 (F - 125 <= E <= 126: a term that counts is a normal float32,
+// one that does not stays below 1), significands in the other blocks.
+enum Kind { kSplit = 0, kSafe = 1, kHybrid = 2 };
+
+// The fast finish rounds a block's integer sum by converting it to float32 in the rounding mode
+// of the model (MXCSR), then sets the exponent with an integer add. RoundingMode switches the
+// thread's MXCSR for the kernel's lifetime on the stack (denormals kept: no FTZ/DAZ) and restores
+// it; every other float operation of the kernel is exact or truncated explicitly.
+#if defined(__SSE__)
+struct RoundingMode {
+  unsigned saved;
+  explicit RoundingMode(int mode) : saved(_mm_getcsr()) {
+    const unsigned rc = mode == 0 ? 0x6000u : mode == 3 ? 0x4000u : mode == 4 ? 0x2000u : 0u;
+    _mm_setcsr((saved & ~(0x6000u | 0x8000u | 0x0040u)) | rc);
+  }
+  ~RoundingMode() { _mm_setcsr(saved); }
+};
+constexpr bool kFastFinish = true;
+#else
+struct RoundingMode {
+  explicit RoundingMode(int) {}
+};
+constexpr bool kFastFinish = false;
+#endif
+
+// The product loops: S += trunc(a * b * 2**(F - E)) over elements [k0, k0 + L), from exact values
+// (scale: 2**(F - E)) or from significands (base: the per-product power of two less the products'
+// exponents). Wide: the int32 group sums are added as two 16-bit-split words.
+template <bool Wide, int Lc>
+__attribute__((always_inline)) inline void terms_values(const Params& P, const float* pa, const float* bs, int64_t K,
+                                                        int64_t k0, const vf* scale, vi* S, vi* Shi, vi* Slo) {
+  const int64_t L = Lc ? Lc : P.block;
+  for (int64_t k = k0; k < k0 + L; k++) {
+    vf b;
+    std::memcpy(&b, bs + k * W, sizeof b);
+    for (int r = 0; r < R; r++) S[r] += __builtin_convertvector((b * pa[r * K + k]) * scale[r], vi);
+    if (Wide && ((k - k0 + 1) % P.group == 0 || k + 1 == k0 + L))
+      for (int r = 0; r < R; r++) Shi[r] += S[r] >> 16, Slo[r] += S[r] & 0xFFFF, S[r] = splat(0);
+  }
+}
+
+template <bool Wide, int Lc>
+__attribute__((always_inline)) inline void terms_split(const Params& P, const float* pa, const int32_t* pe,
+                                                       const float* bs, const int32_t* es, int64_t K, int64_t k0,
+                                                       const vi* E, vi* S, vi* Shi, vi* Slo) {
+  const int64_t L = Lc ? Lc : P.block;
+  const int32_t split_bias = (int32_t)(P.F + 127) - P.ab_shift;
+  vi base[R];
+  for (int r = 0; r < R; r++) base[r] = split_bias - E[r];
+  for (int64_t k = k0; k < k0 + L; k++) {
+    vf b;
+    vi e;
+    std::memcpy(&b, bs + k * W, sizeof b);
+    std::memcpy(&e, es + k * W, sizeof e);
+    for (int r = 0; r < R; r++) {
+      vi x = vmax(e + (pe[r * K + k] + base[r]), splat(1));
+      vu u = (vu)x << 23u;
+      vf s;
+      std::memcpy(&s, &u, sizeof u);
+      S[r] += __builtin_convertvector((b * pa[r * K + k]) * s, vi);
+    }
+    if (Wide && ((k - k0 + 1) % P.group == 0 || k + 1 == k0 + L))
+      for (int r = 0; r < R; r++) Shi[r] += S[r] >> 16, Slo[r] += S[r] & 0xFFFF, S[r] = splat(0);
+  }
+}
+
+// The general finish of one output row's block (rounding.round_pack32 on the exact sum with the
+// aligned accumulator), then the special-value path where a lane has a NaN/inf operand or
+// accumulator.
+template <int Mode, bool Wide>
+__attribute__((noinline)) vu finish(const Params& P, const Entry& X, vi S, vi Shi, vi Slo, vi E, vu acc, int64_t m,
+                                    int64_t n0, int64_t k0) {
+  const int F = (int)P.F;
+  vi ce = (vi)((acc >> 23u) & 255u);
+  vi frac = (vi)(acc & 0x7FFFFFu);
+  vi csig = (ce != 0) ? (frac | 0x800000) : frac;
+  if (P.flush_c) csig = (ce != 0) ? csig : splat(0);
+  vi cexp = (ce != 0) ? ce - 127 : splat(-126);
+  vi cs = F >= 23 ? csig << (F - 23) : csig;
+  vi sh = vmin(vmax(E - cexp + (F >= 23 ? 0 : 23 - F), splat(0)), splat(31));
+  vi tc = cs >> sh;
+  tc = ((vi)acc < 0) ? -tc : tc;
+  vu bits;
+  if (Wide) {  // the exact sum in two words, brought to one with a sticky bit
+    vi neg, sh2;
+    vu m32;
+    norm2<16>(Shi + (tc >> 16), Slo + (tc & 0xFFFF), neg, m32, sh2);
+    bits = round_pack<Mode>(neg, m32, E - F + sh2, P);
+  } else {  // |sum| < 2**32: one int32 sum with wrap-around, the sign from the overflow
+    vi s = (vi)((vu)S + (vu)tc);
+    vi neg = (((S ^ s) & (tc ^ s)) < 0) ? (S < 0) : (s < 0);
+    vu u = (vu)s;
+    vu mag = neg ? 0u - u : u;
+    bits = round_pack<Mode>(neg, mag, E - F, P);
+  }
+  vi special = (E > kSpecialAbove) | (ce == 255);
+  return any(special) && m < P.M ? specials(P, X, bits, special, acc, m, n0, k0) : bits;
+}
+
+typedef vu (*Finish)(const Params&, const Entry&, vi, vi, vi, vi, vu, int64_t, int64_t, int64_t);
+
+template <bool Wide>
+Finish finish_for(int mode) {
+  return mode == 0 ? finish<0, Wide> : mode == 1 ? finish<1, Wide> : mode == 2 ? finish<2, Wide>
+         : mode == 3 ? finish<3, Wide> : finish<4, Wide>;
+}
+
+// Output rows [m0, m0 + R) of one strip of W columns, every chain, blocks of Lc (0: P.block).
+// The fast finish (sums that fit one int32 word, a binary32 accumulator with an IEEE rounding
+// direction, or a narrower one with RZ) converts the block's sum to float32 in the model's
+// direction (clearing the fraction bits a narrower accumulator lacks) and adds E - F to its
+// exponent field. It
+// holds for every lane of the R rows when F - 126 <= E <= F + 96 (the result is then a normal
+// number, the accumulator's term trunc(c * 2**(F - E)) is exact, and E is no special-value
+// sentinel) and the sum did not wrap; otherwise finish() runs for the R rows.
+template <int How, bool Wide, int Lc>
+void strip(const Params& P, const Entry& X, int64_t m0, int64_t n0, bool fast, bool wraps, Finish slow) {
+  const int64_t K = P.K, N = P.N, M = P.M, L = Lc ? Lc : P.block, nw = N - n0 < W ? N - n0 : W;
   const float* pa = X.va + m0 * K;  // the R rows
   const int32_t* pe = X.ea + m0 * K;
-  const float* bs = X.bs;
-  const int32_t* es = X.es;
   const int32_t* lens = X.lens;
   const int F = (int)P.F;
-  const int32_t split_bias = (int32_t)(F + 127) - P.ab_shift;
   for (int64_t c0 = 0; c0 < K; c0 += P.chain_k) {
     vu acc[R];
     for (int r = 0; r < R; r++) {
@@ -353,88 +490,83 @@ void strip(const Params& P, const Entry& X, int64_t m0, int64_t n0) {
     }
     const int64_t end = c0 + lens[c0 / P.chain_k];
     for (int64_t k0 = c0; k0 < end; k0 += L) {
-      vi E[R], cexp[R], csig[R];
-      vi cspecial[R];
-      for (int r = 0; r < R; r++) {
+      vi E[R];
+      for (int r = 0; r < R; r++) {  // the accumulator's exponent (zero: zero_exp)
         vi ce = (vi)((acc[r] >> 23u) & 255u);
-        vi frac = (vi)(acc[r] & 0x7FFFFFu);
-        vi sig = (ce != 0) ? (frac | 0x800000) : frac;
-        if (P.flush_c) sig = (ce != 0) ? sig : splat(0);
-        cspecial[r] = ce == 255;
-        cexp[r] = (ce != 0) ? ce - 127 : splat(-126);
-        csig[r] = sig;
-        E[r] = (sig == 0) ? splat(P.zero_exp) : cexp[r];
+        vi nz = P.flush_c ? (ce != 0) : (vi)((acc[r] & 0x7FFFFFFFu) != 0);
+        E[r] = nz ? vmax(ce, splat(1)) - 127 : splat(P.zero_exp);
       }
       for (int64_t k = k0; k < k0 + L; k++) {
         vi e;
-        std::memcpy(&e, es + k * W, sizeof e);
+        std::memcpy(&e, X.es + k * W, sizeof e);
+        for (int r = 0; r < R; r++) E[r] = vmax(E[r], e + pe[r * K + k]);
+      }
+      if (P.zero_policy) {  // zero products count with zero_exp: only a block below it changes
         for (int r = 0; r < R; r++) {
-          vi t = e + pe[r * K + k];
-          if (P.zero_policy) t = (t < kZeroBelow) ? splat(P.zero_exp) : t;
-          E[r] = vmax(E[r], t);
+          if (!any(E[r] < P.zero_exp)) continue;
+          vi zero = splat(0);
+          for (int64_t k = k0; k < k0 + L; k++) {
+            vi e;
+            std::memcpy(&e, X.es + k * W, sizeof e);
+            zero |= (e + pe[r * K + k]) < kZeroBelow;
+          }
+          E[r] = zero ? vmax(E[r], splat(P.zero_exp)) : E[r];
         }
       }
-      vi S[R], Shi[R], Slo[R];  // Wide: the int32 group sums added as two 16-bit-split words
+      vi S[R], Shi[R], Slo[R];
+      vf scale[R];
+      vi out = splat(0);  // lanes outside the fast finish's exponents
       for (int r = 0; r < R; r++) {
         if (P.has_min_exp) E[r] = vmax(E[r], splat(P.min_exp));
         S[r] = splat(0);
         if (Wide) Shi[r] = Slo[r] = splat(0);
+        out |= (E[r] < F - 126) | (E[r] > F + 96);
+        vu u = (vu)vmin(vmax(F - E[r] + 127, splat(1)), splat(254)) << 23u;
+        std::memcpy(&scale[r], &u, sizeof u);
       }
-      if (Safe) {
-        vf scale[R];
+      if (How == kSafe) {
+        terms_values<Wide, Lc>(P, pa, X.bs, K, k0, scale, S, Shi, Slo);
+      } else if (How == kSplit) {
+        terms_split<Wide, Lc>(P, pa, pe, X.bs, X.es, K, k0, E, S, Shi, Slo);
+      } else {  // exact values where every term is exact in float32
+        vi range = splat(0);
+        for (int r = 0; r < R; r++) range |= (E[r] < F - 125) | (E[r] > 126);
+        if (!any(range))
+          terms_values<Wide, Lc>(P, pa, X.bs, K, k0, scale, S, Shi, Slo);
+        else
+          terms_split<Wide, Lc>(P, X.va2 + m0 * K, pe, X.bs2, X.es, K, k0, E, S, Shi, Slo);
+      }
+      bool done = false;
+      if (fast) {
+        vu bits[R];
+        vi bad = out;
+        const int32_t keep = ~((1 << (23 - P.p)) - 1);  // RZ to an accumulator of p fraction bits
         for (int r = 0; r < R; r++) {
-          vi x = vmin(vmax(F - E[r] + 127, splat(1)), splat(254));
-          vu u = (vu)x << 23u;
-          std::memcpy(&scale[r], &u, sizeof u);
-        }
-        for (int64_t k = k0; k < k0 + L; k++) {
-          vf b;
-          std::memcpy(&b, bs + k * W, sizeof b);
-          for (int r = 0; r < R; r++)
-            S[r] += __builtin_convertvector((b * pa[r * K + k]) * scale[r], vi);
-          if (Wide && ((k - k0 + 1) % P.group == 0 || k + 1 == k0 + L))
-            for (int r = 0; r < R; r++) Shi[r] += S[r] >> 16, Slo[r] += S[r] & 0xFFFF, S[r] = splat(0);
-        }
-      } else {
-        vi base[R];
-        for (int r = 0; r < R; r++) base[r] = split_bias - E[r];
-        for (int64_t k = k0; k < k0 + L; k++) {
-          vf b;
-          vi e;
-          std::memcpy(&b, bs + k * W, sizeof b);
-          std::memcpy(&e, es + k * W, sizeof e);
-          for (int r = 0; r < R; r++) {
-            vi x = vmax(e + (pe[r * K + k] + base[r]), splat(1));
-            vu u = (vu)x << 23u;
-            vf s;
-            std::memcpy(&s, &u, sizeof u);
-            S[r] += __builtin_convertvector((b * pa[r * K + k]) * s, vi);
+          vf c;
+          std::memcpy(&c, &acc[r], sizeof c);
+          if (P.flush_c) c = (vi)((acc[r] >> 23u) & 255u) != 0 ? c : (vf){};
+          const vi tc = __builtin_convertvector(c * scale[r], vi);
+          vi s;
+          if (Wide) {  // hi * 2**16 + lo + tc as one word where |hi| < 2**14: below 2**31
+            s = (vi)(((vu)Shi[r] << 16u) + (vu)(Slo[r] + tc));
+            bad |= (Shi[r] >= (1 << 14)) | (Shi[r] <= -(1 << 14));
+          } else {
+            s = (vi)((vu)S[r] + (vu)tc);
+            if (wraps) bad |= ((S[r] ^ s) & (tc ^ s)) < 0;
           }
-          if (Wide && ((k - k0 + 1) % P.group == 0 || k + 1 == k0 + L))
-            for (int r = 0; r < R; r++) Shi[r] += S[r] >> 16, Slo[r] += S[r] & 0xFFFF, S[r] = splat(0);
+          const vf f = __builtin_convertvector(s, vf);  // rounded in the model's direction (MXCSR)
+          vi fb;
+          std::memcpy(&fb, &f, sizeof fb);
+          bits[r] = (vu)((s == 0) ? splat(0) : (fb & keep) + ((E[r] - F) << 23));
+        }
+        if (!any(bad)) {
+          for (int r = 0; r < R; r++) acc[r] = bits[r];
+          done = true;
         }
       }
-      for (int r = 0; r < R; r++) {
-        vi cs = F >= 23 ? csig[r] << (F - 23) : csig[r];
-        vi sh = vmin(vmax(E[r] - cexp[r] + (F >= 23 ? 0 : 23 - F), splat(0)), splat(31));
-        vi tc = cs >> sh;
-        tc = ((vi)acc[r] < 0) ? -tc : tc;
-        vu bits;
-        if (Wide) {  // the exact sum in two words, brought to one with a sticky bit
-          vi neg, sh;
-          vu m32;
-          norm2<16>(Shi[r] + (tc >> 16), Slo[r] + (tc & 0xFFFF), neg, m32, sh);
-          bits = round_pack<Mode>(neg, m32, E[r] - F + sh, P);
-        } else {  // |sum| < 2**32: one int32 sum with wrap-around, the sign from the overflow
-          vi s = (vi)((vu)S[r] + (vu)tc);
-          vi neg = (((S[r] ^ s) & (tc ^ s)) < 0) ? (S[r] < 0) : (s < 0);
-          vu u = (vu)s;
-          vu mag = neg ? 0u - u : u;
-          bits = round_pack<Mode>(neg, mag, E[r] - F, P);
-        }
-        vi special = (E[r] > kSpecialAbove) | cspecial[r];
-        acc[r] = any(special) && m0 + r < M ? specials(P, X, bits, special, acc[r], m0 + r, n0, k0) : bits;
-      }
+      if (!done)
+        for (int r = 0; r < R; r++)
+          acc[r] = slow(P, X, S[r], Wide ? Shi[r] : S[r], Wide ? Slo[r] : S[r], E[r], acc[r], m0 + r, n0, k0);
     }
     const int64_t chain = c0 / P.chain_k;
     for (int r = 0; r < R; r++) {
@@ -443,10 +575,17 @@ void strip(const Params& P, const Entry& X, int64_t m0, int64_t n0) {
   }
 }
 
-template <bool Safe, bool Wide>
-auto pick(int mode) {
-  return mode == 0 ? strip<Safe, 0, Wide> : mode == 1 ? strip<Safe, 1, Wide> : mode == 2 ? strip<Safe, 2, Wide>
-         : mode == 3 ? strip<Safe, 3, Wide> : strip<Safe, 4, Wide>;
+typedef void (*Strip)(const Params&, const Entry&, int64_t, int64_t, bool, bool, Finish);
+
+template <int How, bool Wide>
+Strip strip_for(int64_t block) {
+  return block == 4 ? strip<How, Wide, 4> : block == 8 ? strip<How, Wide, 8> : block == 16 ? strip<How, Wide, 16>
+         : block == 32 ? strip<How, Wide, 32> : strip<How, Wide, 0>;
+}
+
+template <int How>
+Strip strip_for(int64_t block, bool wide) {
+  return wide ? strip_for<How, true>(block) : strip_for<How, false>(block);
 }
 
 // Batch entries per entry of each operand. An operand's batch axes are leading axes of the
@@ -463,52 +602,98 @@ struct Operands {
   const int32_t *a_exp, *b_exp;  // null for none
 };
 
-// One entry of A (M, K) decoded as one run of elements into va/ea (rows up to a multiple of R
-// beyond M are left as they are: their outputs are not stored).
-void decode_a(const Params& P, const uint32_t* a, const int32_t* ae, float* va, int32_t* ea) {
+// One entry of A (M, K) decoded as one run of elements into va (values, or significands for
+// kSplit), va2 (kHybrid: significands) and ea (rows up to a multiple of R beyond M are left as they
+// are: their outputs are not stored).
+// Whether every value is exact (kHybrid reads the values only then).
+bool decode_a(const Params& P, const uint32_t* a, const int32_t* ae, float* va, float* va2, int32_t* ea) {
   const int64_t n = P.M * P.K;
+  vi inexact = splat(0);
   for (int64_t i = 0; i < n; i += W) {
-    vf v;
+    vf v, sg;
     vi e;
-    decode(load_part(a + i, n - i), P.fa, P.flush_c, P.safe, ae ? (vi)load_part(ae + i, n - i) : splat(0), v, e);
-    store_part(va + i, v, n - i);
+    const vu bits = load_part(a + i, n - i);
+    inexact |= decode(bits, P.fa, P.flush_c, ae ? (vi)load_part(ae + i, n - i) : splat(0), v, sg, e);
+    store_part(va + i, P.kind == kSplit ? sg : v, n - i);
+    if (va2) store_part(va2 + i, sg, n - i);
     store_part(ea + i, e, n - i);
   }
+  return !any(inexact);
 }
+
+// A decoded for strip(): (M rounded up to R, K) values or significands, significands (kHybrid),
+// exponents.
+struct DecodedA {
+  std::vector<float> v, sg;
+  std::vector<int32_t> e;
+  bool exact = false;
+  void size(const Params& P) {
+    const int64_t n = (P.M + R - 1) / R * R * P.K;
+    v.resize(n);
+    sg.resize(P.kind == kHybrid ? n : 0);
+    e.resize(n);
+  }
+  void decode(const Params& P, const uint32_t* a, const int32_t* ae) {
+    exact = decode_a(P, a, ae, v.data(), sg.empty() ? nullptr : sg.data(), e.data());
+  }
+};
 
 // Units [u_begin, u_end) of the batch's column strips (unit u: batch entry u / strips, strip
 // u % strips). Each strip of B is decoded once; A is shared (decoded before the threads: one
 // entry for the whole batch) or decoded once per entry a thread meets.
-void worker(const Params& P, const Strides& S, const Operands& O, const float* va_shared, const int32_t* ea_shared,
-            int64_t strips, uint32_t* out, int64_t u_begin, int64_t u_end) {
-  const int64_t K = P.K, N = P.N, M = P.M, Mp = (M + R - 1) / R * R;
+void worker(const Params& P, const Strides& S, const Operands& O, const DecodedA* shared, int64_t strips,
+            uint32_t* out, int64_t u_begin, int64_t u_end) {
+  const RoundingMode rounding(P.mode);
+  const int64_t K = P.K, N = P.N, M = P.M;
   const bool wide = P.group < P.block || P.block * (int64_t(1) << (P.F + 2)) + (int64_t(1) << (P.F + 1)) >
                                              (int64_t(1) << 32);
-  auto run = P.safe ? (wide ? pick<true, true>(P.mode) : pick<true, false>(P.mode))
-                    : (wide ? pick<false, true>(P.mode) : pick<false, false>(P.mode));
-  std::vector<float> va(va_shared ? 0 : Mp * K), bs(K * W);
-  std::vector<int32_t> ea(va_shared ? 0 : Mp * K), es(K * W);
+  const Strip run = P.kind == kSafe     ? strip_for<kSafe>(P.block, wide)
+                    : P.kind == kHybrid ? strip_for<kHybrid>(P.block, wide)
+                                        : strip_for<kSplit>(P.block, wide);
+  const Strip split = strip_for<kSplit>(P.block, wide);  // kHybrid where a value is not exact: significands
+  const Finish slow = wide ? finish_for<true>(P.mode) : finish_for<false>(P.mode);
+  // the fast finish: sums of at most 31 bits (one word, or two words checked per block), a binary32
+  // accumulator with an IEEE direction or a narrower one with RZ; wraps: the block's one-word sum
+  // with the accumulator may pass 2**31
+  const int64_t top = P.block * (int64_t(1) << (P.F + 2));
+  const bool fast = kFastFinish && (P.p == 23 ? P.mode != 2 : P.mode == 0) && (wide || top <= (int64_t(1) << 31));
+  const bool wraps = top + (int64_t(1) << (P.F + 1)) > (int64_t(1) << 31);
+  DecodedA own;
+  if (!shared) own.size(P);
+  const DecodedA& A = shared ? *shared : own;
+  std::vector<float> bs(K * W), bs2(P.kind == kHybrid ? K * W : 0);
+  std::vector<int32_t> es(K * W);
   const uint32_t* decoded = nullptr;
   for (int64_t u = u_begin; u < u_end; u++) {
     const int64_t bt = u / strips, n0 = (u % strips) * W;
     const uint32_t* a = O.a + S.at(S.a, bt, M * K);
-    if (!va_shared && a != decoded) {
-      decode_a(P, a, O.a_exp ? O.a_exp + S.at(S.a, bt, M * K) : nullptr, va.data(), ea.data());
+    if (!shared && a != decoded) {
+      own.decode(P, a, O.a_exp ? O.a_exp + S.at(S.a, bt, M * K) : nullptr);
       decoded = a;
     }
     const uint32_t* b = O.b + S.at(S.b, bt, K * N);
+    vi inexact = splat(0);
     for (int64_t k = 0; k < K; k++) {
       vi add = O.b_exp ? (vi)load_part(O.b_exp + S.at(S.b, bt, K * N) + k * N + n0, N - n0) : splat(0);
-      vf v;
+      vf v, sg;
       vi e;
-      decode(load_part(b + k * N + n0, N - n0), P.fb, P.flush_c, P.safe, add, v, e);
+      inexact |= decode(load_part(b + k * N + n0, N - n0), P.fb, P.flush_c, add, v, sg, e);
+      if (P.kind == kSplit) v = sg;
       std::memcpy(&bs[k * W], &v, sizeof v);
+      if (P.kind == kHybrid) std::memcpy(&bs2[k * W], &sg, sizeof sg);
       std::memcpy(&es[k * W], &e, sizeof e);
     }
-    const Entry X{va_shared ? va_shared : va.data(), va_shared ? ea_shared : ea.data(), a, bs.data(), es.data(), b,
-                  O.c ? O.c + S.at(S.c, bt, M * N) : nullptr, O.lens + S.at(S.lens, bt, K / P.chain_k),
-                  out + bt * (K / P.chain_k) * M * N};
-    for (int64_t m0 = 0; m0 < M; m0 += R) run(P, X, m0, n0);
+    const Entry X{A.v.data(), A.sg.empty() ? nullptr : A.sg.data(), A.e.data(), a, bs.data(),
+                  bs2.empty() ? nullptr : bs2.data(), es.data(), b, O.c ? O.c + S.at(S.c, bt, M * N) : nullptr,
+                  O.lens + S.at(S.lens, bt, K / P.chain_k), out + bt * (K / P.chain_k) * M * N};
+    if (P.kind == kHybrid && !(A.exact && !any(inexact))) {  // significands only
+      Entry Xs = X;
+      Xs.va = X.va2;
+      Xs.bs = X.bs2;
+      for (int64_t m0 = 0; m0 < M; m0 += R) split(P, Xs, m0, n0, fast, wraps, slow);
+    } else {
+      for (int64_t m0 = 0; m0 < M; m0 += R) run(P, X, m0, n0, fast, wraps, slow);
+    }
   }
 }
 
@@ -673,7 +858,7 @@ int64_t batch_stride(size_t count, int64_t per, int64_t batch) {
 ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::U32> a, ffi::Buffer<ffi::U32> b,
                   ffi::Buffer<ffi::S32> a_exp, ffi::Buffer<ffi::S32> b_exp, ffi::Buffer<ffi::U32> c,
                   ffi::ResultBuffer<ffi::U32> out, int64_t chain_k, int64_t block, int64_t F, int64_t group,
-                  int64_t safe, int64_t ab_shift, int64_t zero_policy, int64_t zero_exp, int64_t has_min_exp,
+                  int64_t kind, int64_t ab_shift, int64_t zero_policy, int64_t zero_exp, int64_t has_min_exp,
                   int64_t min_exp, int64_t mode, int64_t p, int64_t subnormals, int64_t overflow_ieee,
                   int64_t flush_c, int64_t a_format, int64_t b_format, int64_t has_c, int64_t has_a_exp,
                   int64_t has_b_exp, int64_t threads) {
@@ -686,7 +871,7 @@ ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::U32> a, ffi::Buff
     return Fmt{(int32_t)(x & 255), (int32_t)((x >> 8) & 255), (int32_t)((x >> 16) & 255), ((x >> 24) & 1) != 0,
                ((x >> 25) & 1) != 0};
   };
-  Params P{ad[ad.size() - 2], bd[bd.size() - 1], ad[ad.size() - 1], chain_k, block, F, group, safe != 0,
+  Params P{ad[ad.size() - 2], bd[bd.size() - 1], ad[ad.size() - 1], chain_k, block, F, group, (int)kind,
            (int32_t)ab_shift, zero_policy != 0, (int32_t)zero_exp, has_min_exp != 0, (int32_t)min_exp, (int)mode,
            (int)p, subnormals != 0, overflow_ieee != 0, flush_c != 0, fmt(a_format), fmt(b_format)};
   if (P.M < 1 || P.N < 1 || P.chain_k <= 0 || P.K % P.chain_k || P.block <= 0 || P.chain_k % P.block ||
@@ -710,18 +895,20 @@ ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::U32> a, ffi::Buff
                    has_ae ? a_exp.typed_data() : nullptr, has_be ? b_exp.typed_data() : nullptr};
   uint32_t* o = out->typed_data();
   // one entry of A for the whole batch (a GEMM): decoded once, read by every thread
-  const int64_t Mp = (P.M + R - 1) / R * R;
-  std::vector<float> va(S.a == batch && T > 1 ? Mp * P.K : 0);
-  std::vector<int32_t> ea(va.size());
-  if (!va.empty()) decode_a(P, O.a, O.a_exp, va.data(), ea.data());
-  const float* vs = va.empty() ? nullptr : va.data();
-  const int32_t* es = va.empty() ? nullptr : ea.data();
+  DecodedA shared;
+  const bool share = S.a == batch && T > 1;
+  if (share) {
+    const RoundingMode rounding(P.mode);
+    shared.size(P);
+    shared.decode(P, O.a, O.a_exp);
+  }
+  const DecodedA* sh = share ? &shared : nullptr;
   if (T == 1) {
-    worker(P, S, O, vs, es, strips, o, 0, units);
+    worker(P, S, O, sh, strips, o, 0, units);
   } else {
     std::vector<std::thread> pool;
     for (int64_t t = 0; t < T; t++)
-      pool.emplace_back(worker, std::cref(P), std::cref(S), std::cref(O), vs, es, strips, o, units * t / T,
+      pool.emplace_back(worker, std::cref(P), std::cref(S), std::cref(O), sh, strips, o, units * t / T,
                         units * (t + 1) / T);
     for (auto& th : pool) th.join();
   }
@@ -743,7 +930,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(tcemu_blockfma_chains, Chains,
                                   .Attr<int64_t>("block")
                                   .Attr<int64_t>("F")
                                   .Attr<int64_t>("group")
-                                  .Attr<int64_t>("safe")
+                                  .Attr<int64_t>("kind")
                                   .Attr<int64_t>("ab_shift")
                                   .Attr<int64_t>("zero_policy")
                                   .Attr<int64_t>("zero_exp")
