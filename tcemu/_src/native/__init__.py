@@ -80,7 +80,7 @@ def _build() -> Path:
     import jaxlib
 
     cxx = os.environ.get("CXX", "c++")
-    flags = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread", "-Wno-psabi"]
+    flags = ["-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC", "-pthread", "-Wno-psabi"]
     src = _SOURCE.read_bytes()
     key = hashlib.sha256(b"\0".join([src, jaxlib.__version__.encode(), " ".join([cxx] + flags).encode(),
                                      platform.machine().encode(), _cpu_flags().encode()])).hexdigest()[:16]

@@ -20,6 +20,8 @@
 // addend C (M, N) float32 bits, or from +0 (has_c 0; absent operands are one dummy element). Leading batch axes: every operand may
 // have them, or not have them (then it is shared by the whole batch); the output has them.
 #include <cstdint>
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -47,6 +49,7 @@ constexpr int R = 4;   // output rows sharing the loads of B
 typedef int32_t vi __attribute__((vector_size(4 * W)));
 typedef uint32_t vu __attribute__((vector_size(4 * W)));
 typedef float vf __attribute__((vector_size(4 * W)));
+typedef int16_t vh __attribute__((vector_size(4 * W)));  // 2 W int16 lanes: the exponents of two rows
 
 constexpr int64_t kThreadsFrom = int64_t(1) << 21;  // products of a call worth several threads
 constexpr int32_t kBig = 1 << 20;  // engine._BIG: the exponent of NaN/inf operands
@@ -290,10 +293,12 @@ struct Entry {
   const float* va;       // A decoded, (M rounded up to R, K); rows beyond M are 0
   const float* va2;      // hybrid: A's signed significands (va holds the values)
   const int32_t* ea;
+  const int32_t* ea2;    // A's exponents of row pairs (2r, 2r + 1) as int16 pairs (pack16), (M / 2, K)
   const uint32_t* a;     // A's bits (M, K), for the special-value path
   const float* bs;       // B's strip decoded, packed (K, W)
   const float* bs2;      // hybrid: B's signed significands
   const int32_t* es;
+  const int32_t* es2;    // B's strip exponents as int16 pairs, each twice (K, W)
   const uint32_t* b;     // B's bits (K, N)
   const uint32_t* c;     // C (M, N) float32 bits, or null for +0
   const int32_t* lens;   // valid elements per chain
@@ -357,6 +362,16 @@ inline vu load_part(const void* p, int64_t n) {
   return v;
 }
 
+// The largest exponent sum of a block is found on int16 lanes, two rows per vector (a row pair's
+// A exponents packed into one int32): pack16 clamps an exponent to int16 sentinels (NaN/inf
+// 16000, zero -4000; real exponents, scales included, lie within +-300), and unpack16 maps a sum
+// back: above 8192 a NaN/inf factor (also times zero: 12000), below -2048 a zero product.
+inline int32_t clamp16(int32_t e) { return e > 4096 ? 16000 : e < -4096 ? -4000 : e; }
+inline int32_t pack16(int32_t lo, int32_t hi) {
+  return (int32_t)(((uint32_t)clamp16(lo) & 0xFFFFu) | ((uint32_t)clamp16(hi) << 16));
+}
+inline vi unpack16(vi x) { return x > 8192 ? splat(2 * kBig) : x < -2048 ? splat(2 * kZeroSentinel) : x; }
+
 // How strip() reads the operands: kSplit, signed significands and a power of two per product
 // (any format); kSafe, exact values whose float32 products are exact and far from the range limits
 // (f16, fp8, fp6, fp4); kHybrid (bf16, tf32), exact values in blocks whose alignment exponent E
@@ -391,12 +406,15 @@ constexpr bool kFastFinish = false;
 template <bool Wide, int Lc>
 __attribute__((always_inline)) inline void terms_values(const Params& P, const float* pa, const float* bs, int64_t K,
                                                         int64_t k0, const vf* scale, vi* S, vi* Shi, vi* Slo) {
-  const int64_t L = Lc ? Lc : P.block;
-  for (int64_t k = k0; k < k0 + L; k++) {
-    vf b;
-    std::memcpy(&b, bs + k * W, sizeof b);
-    for (int r = 0; r < R; r++) S[r] += __builtin_convertvector((b * pa[r * K + k]) * scale[r], vi);
-    if (Wide && ((k - k0 + 1) % P.group == 0 || k + 1 == k0 + L))
+  const int64_t L = Lc ? Lc : P.block, step = Wide ? P.group : L;
+  for (int64_t g0 = k0; g0 < k0 + L; g0 += step) {
+    const int64_t g1 = g0 + step < k0 + L ? g0 + step : k0 + L;
+    for (int64_t k = g0; k < g1; k++) {
+      vf b;
+      std::memcpy(&b, bs + k * W, sizeof b);
+      for (int r = 0; r < R; r++) S[r] += __builtin_convertvector((b * pa[r * K + k]) * scale[r], vi);
+    }
+    if (Wide)
       for (int r = 0; r < R; r++) Shi[r] += S[r] >> 16, Slo[r] += S[r] & 0xFFFF, S[r] = splat(0);
   }
 }
@@ -409,19 +427,23 @@ __attribute__((always_inline)) inline void terms_split(const Params& P, const fl
   const int32_t split_bias = (int32_t)(P.F + 127) - P.ab_shift;
   vi base[R];
   for (int r = 0; r < R; r++) base[r] = split_bias - E[r];
-  for (int64_t k = k0; k < k0 + L; k++) {
-    vf b;
-    vi e;
-    std::memcpy(&b, bs + k * W, sizeof b);
-    std::memcpy(&e, es + k * W, sizeof e);
-    for (int r = 0; r < R; r++) {
-      vi x = vmax(e + (pe[r * K + k] + base[r]), splat(1));
-      vu u = (vu)x << 23u;
-      vf s;
-      std::memcpy(&s, &u, sizeof u);
-      S[r] += __builtin_convertvector((b * pa[r * K + k]) * s, vi);
+  const int64_t step = Wide ? P.group : L;
+  for (int64_t g0 = k0; g0 < k0 + L; g0 += step) {
+    const int64_t g1 = g0 + step < k0 + L ? g0 + step : k0 + L;
+    for (int64_t k = g0; k < g1; k++) {
+      vf b;
+      vi e;
+      std::memcpy(&b, bs + k * W, sizeof b);
+      std::memcpy(&e, es + k * W, sizeof e);
+      for (int r = 0; r < R; r++) {
+        vi x = vmax(e + (pe[r * K + k] + base[r]), splat(1));
+        vu u = (vu)x << 23u;
+        vf s;
+        std::memcpy(&s, &u, sizeof u);
+        S[r] += __builtin_convertvector((b * pa[r * K + k]) * s, vi);
+      }
     }
-    if (Wide && ((k - k0 + 1) % P.group == 0 || k + 1 == k0 + L))
+    if (Wide)
       for (int r = 0; r < R; r++) Shi[r] += S[r] >> 16, Slo[r] += S[r] & 0xFFFF, S[r] = splat(0);
   }
 }
@@ -496,10 +518,28 @@ void strip(const Params& P, const Entry& X, int64_t m0, int64_t n0, bool fast, b
         vi nz = P.flush_c ? (ce != 0) : (vi)((acc[r] & 0x7FFFFFFFu) != 0);
         E[r] = nz ? vmax(ce, splat(1)) - 127 : splat(P.zero_exp);
       }
-      for (int64_t k = k0; k < k0 + L; k++) {
-        vi e;
-        std::memcpy(&e, X.es + k * W, sizeof e);
-        for (int r = 0; r < R; r++) E[r] = vmax(E[r], e + pe[r * K + k]);
+      {
+        static_assert(R % 2 == 0, "row pairs");
+        vh top[R / 2];
+        for (int q = 0; q < R / 2; q++) top[q] = (vh){} + (int16_t)-32768;
+        const int32_t* pe2 = X.ea2 + m0 / 2 * K;
+        for (int64_t k = k0; k < k0 + L; k++) {
+          vh e;
+          std::memcpy(&e, X.es2 + k * W, sizeof e);
+          for (int q = 0; q < R / 2; q++) {
+            const vi pair = splat(pe2[q * K + k]);
+            vh a;
+            std::memcpy(&a, &pair, sizeof a);
+            const vh t = e + a;
+            top[q] = top[q] > t ? top[q] : t;
+          }
+        }
+        for (int q = 0; q < R / 2; q++) {
+          vi x;
+          std::memcpy(&x, &top[q], sizeof x);
+          E[2 * q] = vmax(E[2 * q], unpack16((x << 16) >> 16));
+          E[2 * q + 1] = vmax(E[2 * q + 1], unpack16(x >> 16));
+        }
       }
       if (P.zero_policy) {  // zero products count with zero_exp: only a block below it changes
         for (int r = 0; r < R; r++) {
@@ -536,12 +576,11 @@ void strip(const Params& P, const Entry& X, int64_t m0, int64_t n0, bool fast, b
         else
           terms_split<Wide, Lc>(P, X.va2 + m0 * K, pe, X.bs2, X.es, K, k0, E, S, Shi, Slo);
       }
-      bool done = false;
-      if (fast) {
-        vu bits[R];
+      const int32_t keep = ~((1 << (23 - P.p)) - 1);  // RZ to an accumulator of p fraction bits
+      for (int r = 0; r < R; r++) {  // the fast finish where it holds for the row's lanes, else finish()
         vi bad = out;
-        const int32_t keep = ~((1 << (23 - P.p)) - 1);  // RZ to an accumulator of p fraction bits
-        for (int r = 0; r < R; r++) {
+        vu bits = acc[r];
+        if (fast) {
           vf c;
           std::memcpy(&c, &acc[r], sizeof c);
           if (P.flush_c) c = (vi)((acc[r] >> 23u) & 255u) != 0 ? c : (vf){};
@@ -557,16 +596,12 @@ void strip(const Params& P, const Entry& X, int64_t m0, int64_t n0, bool fast, b
           const vf f = __builtin_convertvector(s, vf);  // rounded in the model's direction (MXCSR)
           vi fb;
           std::memcpy(&fb, &f, sizeof fb);
-          bits[r] = (vu)((s == 0) ? splat(0) : (fb & keep) + ((E[r] - F) << 23));
+          bits = (vu)((s == 0) ? splat(0) : (fb & keep) + ((E[r] - F) << 23));
         }
-        if (!any(bad)) {
-          for (int r = 0; r < R; r++) acc[r] = bits[r];
-          done = true;
-        }
+        acc[r] = fast && !any(bad) ? bits
+                                   : slow(P, X, S[r], Wide ? Shi[r] : S[r], Wide ? Slo[r] : S[r], E[r], acc[r], m0 + r,
+                                          n0, k0);
       }
-      if (!done)
-        for (int r = 0; r < R; r++)
-          acc[r] = slow(P, X, S[r], Wide ? Shi[r] : S[r], Wide ? Slo[r] : S[r], E[r], acc[r], m0 + r, n0, k0);
     }
     const int64_t chain = c0 / P.chain_k;
     for (int r = 0; r < R; r++) {
@@ -625,16 +660,20 @@ bool decode_a(const Params& P, const uint32_t* a, const int32_t* ae, float* va, 
 // exponents.
 struct DecodedA {
   std::vector<float> v, sg;
-  std::vector<int32_t> e;
+  std::vector<int32_t> e, e2;
   bool exact = false;
   void size(const Params& P) {
     const int64_t n = (P.M + R - 1) / R * R * P.K;
     v.resize(n);
     sg.resize(P.kind == kHybrid ? n : 0);
     e.resize(n);
+    e2.resize(n / 2);
   }
   void decode(const Params& P, const uint32_t* a, const int32_t* ae) {
     exact = decode_a(P, a, ae, v.data(), sg.empty() ? nullptr : sg.data(), e.data());
+    const int64_t K = P.K;
+    for (int64_t q = 0; q < (int64_t)e2.size() / K; q++)
+      for (int64_t k = 0; k < K; k++) e2[q * K + k] = pack16(e[2 * q * K + k], e[(2 * q + 1) * K + k]);
   }
 };
 
@@ -662,7 +701,7 @@ void worker(const Params& P, const Strides& S, const Operands& O, const DecodedA
   if (!shared) own.size(P);
   const DecodedA& A = shared ? *shared : own;
   std::vector<float> bs(K * W), bs2(P.kind == kHybrid ? K * W : 0);
-  std::vector<int32_t> es(K * W);
+  std::vector<int32_t> es(K * W), es2(K * W);
   const uint32_t* decoded = nullptr;
   for (int64_t u = u_begin; u < u_end; u++) {
     const int64_t bt = u / strips, n0 = (u % strips) * W;
@@ -682,9 +721,10 @@ void worker(const Params& P, const Strides& S, const Operands& O, const DecodedA
       std::memcpy(&bs[k * W], &v, sizeof v);
       if (P.kind == kHybrid) std::memcpy(&bs2[k * W], &sg, sizeof sg);
       std::memcpy(&es[k * W], &e, sizeof e);
+      for (int j = 0; j < W; j++) es2[k * W + j] = pack16(e[j], e[j]);
     }
-    const Entry X{A.v.data(), A.sg.empty() ? nullptr : A.sg.data(), A.e.data(), a, bs.data(),
-                  bs2.empty() ? nullptr : bs2.data(), es.data(), b, O.c ? O.c + S.at(S.c, bt, M * N) : nullptr,
+    const Entry X{A.v.data(), A.sg.empty() ? nullptr : A.sg.data(), A.e.data(), A.e2.data(), a, bs.data(),
+                  bs2.empty() ? nullptr : bs2.data(), es.data(), es2.data(), b, O.c ? O.c + S.at(S.c, bt, M * N) : nullptr,
                   O.lens + S.at(S.lens, bt, K / P.chain_k), out + bt * (K / P.chain_k) * M * N};
     if (P.kind == kHybrid && !(A.exact && !any(inexact))) {  // significands only
       Entry Xs = X;
@@ -702,9 +742,11 @@ void worker(const Params& P, const Strides& S, const Operands& O, const DecodedA
 // products, every group of G consecutive products is summed exactly (e2m1 values times 2, as
 // float32: every partial sum is an exact integer below 2**12), multiplied by its two scale
 // significands and aligned by the scale exponents only (2**(F - 8 + e_g - E)), with the
-// accumulator; the exact two-word sum is rounded once. va (M, K) / vb (K, N): e2m1 values times 2;
-// the products are the group sums' units (2**-2), the scale significands 2**-6 (hence F - 8).
-// sas/sae (M, K / G), sbs/sbe (K / G, N): scale significands (times 2**3) and exponents.
+// accumulator; the exact sum is rounded once. va (M, K) / vb (K, N): e2m1 values times 2; the
+// products are the group sums' units (2**-2), the scale significands 2**-6 (hence F - 8).
+// sas/sae (M, K / G), sbs/sbe (K / G, N): scale significands (times 2**3) and exponents; am (M,
+// K / G) / bm (K / G, N): bit i set where element i of the group is nonzero (a group has a
+// nonzero product where am & bm != 0).
 
 struct GParams {
   int64_t M, N, K, chain_k, block, group, F;
@@ -721,79 +763,157 @@ inline void terms24(vu m, vi sh, vi& hi, vi& lo) {
   lo = (vi)(shl(mt, s2) & 0xFFFFFFu);
 }
 
+constexpr int kMaxGroups = 8;
+
+// The general finish of one row's block: the two-word exact sum of the aligned group sums T and
+// the accumulator, rounded by round_pack; an infinite accumulator stays, a NaN one is canonical.
 template <int Mode>
-void gstrip(const GParams& P, const int32_t* lens, const float* va, const float* vab, const int32_t* sas,
-            const int32_t* sae, const float* bs, const float* bsa, const int32_t* sbs, const int32_t* sbe,
-            int64_t m0, int64_t n0, uint32_t* out) {
-  const int64_t K = P.K, M = P.M, L = P.block, G = P.group, KG = K / G;
-  const int F = (int)P.F;
+__attribute__((noinline)) vu gfinish(const GParams& P, int64_t ng, const vi* T, const vi* eg, vi E, vu acc) {
   Params rp{};
   rp.p = P.p;
   rp.subnormals = P.subnormals;
   rp.overflow_ieee = P.overflow_ieee;
+  const int F = (int)P.F;
+  vi ce = (vi)((acc >> 23u) & 255u);
+  vi frac = (vi)(acc & 0x7FFFFFu);
+  vi csig = (ce != 0) ? (frac | 0x800000) : frac;
+  if (P.flush_c) csig = (ce != 0) ? csig : splat(0);
+  vi cexp = (ce != 0) ? ce - 127 : splat(-126);
+  vi Shi = splat(0), Slo = splat(0), h, l;
+  for (int64_t g = 0; g < ng; g++) {
+    vi t = T[g];
+    terms24((vu)(t < 0 ? -t : t), F - 8 + eg[g] - E, h, l);
+    Shi += t < 0 ? -h : h;
+    Slo += t < 0 ? -l : l;
+  }
+  terms24((vu)csig, F - 23 + cexp - E, h, l);
+  vi cneg = (vi)acc < 0;
+  Shi += cneg ? -h : h;
+  Slo += cneg ? -l : l;
+  vi neg, sh;
+  vu m32;
+  norm2<24>(Shi, Slo, neg, m32, sh);
+  vu bits = round_pack<Mode>(neg, m32, E - F + sh, rp);
+  vu cmag = acc & 0x7FFFFFFFu;
+  return (ce == 255) ? (cmag == 0x7F800000u ? acc : splatu(0x7FFFFFFFu)) : bits;
+}
+
+typedef vu (*GFinish)(const GParams&, int64_t, const vi*, const vi*, vi, vu);
+
+#if defined(__AVX2__)
+// The fast finish of the grouped model (AVX2, W = 8): each term trunc(x * 2**(F - E)) is exact
+// in float32 (a group: T < 2**20 times a power of two) or in float64 (the accumulator), their sum
+// is an exact float64 integer (below 2**53: see Grouped), converted to float32 in the model's
+// direction (MXCSR), then E - F is added to its exponent field. Lanes whose result would not be a
+// normal float32, or whose exponents leave the float32 scales, are flagged in `bad`.
+inline vu gfast(const GParams& P, int64_t ng, const vi* T, const vi* eg, vi E, vu acc, vi& bad) {
+  const int F = (int)P.F;
+  const vi ce = (vi)((acc >> 23u) & 255u);
+  vf c;
+  std::memcpy(&c, &acc, sizeof c);
+  if (P.flush_c) c = (ce != 0) ? c : (vf){};
+  bad |= (ce == 255) | (E < -126) | (E > 126);
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+  auto add = [&](vf t) {
+    __m256 v;
+    std::memcpy(&v, &t, sizeof v);
+    lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+    hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+  };
+  for (int64_t g = 0; g < ng; g++) {  // T * 2**(F - 8 + e_g - E): below 2**-126 it truncates to 0 anyway
+    const vu s = (vu)(vmax(F - 8 + eg[g] - E, splat(-126)) + 127) << 23u;
+    vf scale, t = __builtin_convertvector(T[g], vf);
+    std::memcpy(&scale, &s, sizeof s);
+    __m256 x;
+    t = t * scale;
+    std::memcpy(&x, &t, sizeof x);
+    x = _mm256_round_ps(x, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    std::memcpy(&t, &x, sizeof t);
+    add(t);
+  }
+  {  // the accumulator: trunc(c * 2**-E * 2**F) in float64
+    const vu s = (vu)(127 - vmin(vmax(E, splat(-126)), splat(126))) << 23u;
+    __m256 cs, sc;
+    std::memcpy(&cs, &c, sizeof cs);
+    std::memcpy(&sc, &s, sizeof sc);
+    const __m256d f = _mm256_set1_pd((double)(int64_t(1) << F));
+    const __m256d cl = _mm256_mul_pd(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(cs)),
+                                                   _mm256_cvtps_pd(_mm256_castps256_ps128(sc))), f);
+    const __m256d ch = _mm256_mul_pd(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(cs, 1)),
+                                                   _mm256_cvtps_pd(_mm256_extractf128_ps(sc, 1))), f);
+    lo = _mm256_add_pd(lo, _mm256_round_pd(cl, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC));
+    hi = _mm256_add_pd(hi, _mm256_round_pd(ch, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC));
+  }
+  const __m256 r = _mm256_set_m128(_mm256_cvtpd_ps(hi), _mm256_cvtpd_ps(lo));  // rounded (MXCSR)
+  vi fb;
+  std::memcpy(&fb, &r, sizeof fb);
+  const vi zero = (fb & 0x7FFFFFFF) == 0;
+  const vi be = ((fb >> 23) & 255) + (E - F);
+  bad |= ~zero & ((be < 1) | (be > 254));
+  return (vu)(zero ? splat(0) : fb + ((E - F) << 23));
+}
+constexpr bool kGroupedFast = true;
+#else
+inline vu gfast(const GParams&, int64_t, const vi*, const vi*, vi, vu acc, vi& bad) {
+  bad = splat(-1);
+  return acc;
+}
+constexpr bool kGroupedFast = false;
+#endif
+
+void gstrip(const GParams& P, const int32_t* lens, const float* va, const int32_t* am, const int32_t* sas,
+            const int32_t* sae, const float* bs, const int32_t* bm, const int32_t* sbs, const int32_t* sbe,
+            int64_t m0, int64_t n0, uint32_t* out, bool fast, GFinish slow) {
+  const int64_t K = P.K, L = P.block, G = P.group, KG = K / G;
   for (int64_t c0 = 0; c0 < K; c0 += P.chain_k) {
     vu acc[R];
     for (int r = 0; r < R; r++) acc[r] = splatu(0);
     const int64_t end = c0 + lens[c0 / P.chain_k];
     for (int64_t k0 = c0; k0 < end; k0 += L) {
       const int64_t ng = L / G;
-      vi E[R], eg[R][8], T[R][8], cexp[R], csig[R], cspecial[R];
+      vi E[R], eg[R][kMaxGroups], T[R][kMaxGroups];
       for (int r = 0; r < R; r++) {
         vi ce = (vi)((acc[r] >> 23u) & 255u);
-        vi frac = (vi)(acc[r] & 0x7FFFFFu);
-        vi sig = (ce != 0) ? (frac | 0x800000) : frac;
-        if (P.flush_c) sig = (ce != 0) ? sig : splat(0);
-        cspecial[r] = ce == 255;
-        cexp[r] = (ce != 0) ? ce - 127 : splat(-126);
-        csig[r] = sig;
-        E[r] = (sig == 0) ? splat(P.zero_exp) : cexp[r];
+        vi nz = P.flush_c ? (ce != 0) : (vi)((acc[r] & 0x7FFFFFFFu) != 0);
+        E[r] = nz ? vmax(ce, splat(1)) - 127 : splat(P.zero_exp);
       }
       for (int64_t g = 0; g < ng; g++) {
         const int64_t kg0 = k0 + g * G, gi = kg0 / G;
-        vf sum[R], mag[R];
-        for (int r = 0; r < R; r++) sum[r] = mag[r] = (vf){};
+        vf sum[R];
+        for (int r = 0; r < R; r++) sum[r] = (vf){};
         for (int64_t k = kg0; k < kg0 + G; k++) {
-          vf b, ba;
+          vf b;
           std::memcpy(&b, bs + k * W, sizeof b);
-          std::memcpy(&ba, bsa + k * W, sizeof ba);
-          for (int r = 0; r < R; r++) {
-            sum[r] += b * va[(m0 + r) * K + k];
-            mag[r] += ba * vab[(m0 + r) * K + k];
-          }
+          for (int r = 0; r < R; r++) sum[r] += b * va[(m0 + r) * K + k];  // exact: contracted to FMA
         }
-        vi bsig, bexp;
+        vi bsig, bexp, bmask;
         std::memcpy(&bsig, sbs + gi * W, sizeof bsig);
         std::memcpy(&bexp, sbe + gi * W, sizeof bexp);
+        std::memcpy(&bmask, bm + gi * W, sizeof bmask);
         for (int r = 0; r < R; r++) {
           vi S = bsig * sas[(m0 + r) * KG + gi];
           T[r][g] = __builtin_convertvector(sum[r], vi) * S;
-          eg[r][g] = ((mag[r] != 0) & (S != 0)) ? bexp + sae[(m0 + r) * KG + gi] : splat(P.zero_exp);
+          eg[r][g] = (((bmask & am[(m0 + r) * KG + gi]) != 0) & (S != 0)) ? bexp + sae[(m0 + r) * KG + gi]
+                                                                         : splat(P.zero_exp);
           E[r] = vmax(E[r], eg[r][g]);
         }
       }
-      for (int r = 0; r < R; r++) {
-        vi Shi = splat(0), Slo = splat(0), h, l;
-        for (int64_t g = 0; g < ng; g++) {
-          vi t = T[r][g];
-          terms24((vu)(t < 0 ? -t : t), F - 8 + eg[r][g] - E[r], h, l);
-          Shi += t < 0 ? -h : h;
-          Slo += t < 0 ? -l : l;
+      bool done = false;
+      if (fast) {
+        vu bits[R];
+        vi bad = splat(0);
+        for (int r = 0; r < R; r++) bits[r] = gfast(P, ng, T[r], eg[r], E[r], acc[r], bad);
+        if (!any(bad)) {
+          for (int r = 0; r < R; r++) acc[r] = bits[r];
+          done = true;
         }
-        terms24((vu)csig[r], F - 23 + cexp[r] - E[r], h, l);
-        vi cneg = (vi)acc[r] < 0;
-        Shi += cneg ? -h : h;
-        Slo += cneg ? -l : l;
-        vi neg, sh;
-        vu m32;
-        norm2<24>(Shi, Slo, neg, m32, sh);
-        vu bits = round_pack<Mode>(neg, m32, E[r] - F + sh, rp);
-        vu cmag = acc[r] & 0x7FFFFFFFu;  // an infinite accumulator stays, a NaN one is canonical
-        acc[r] = cspecial[r] ? (cmag == 0x7F800000u ? acc[r] : splatu(0x7FFFFFFFu)) : bits;
       }
+      if (!done)
+        for (int r = 0; r < R; r++) acc[r] = slow(P, ng, T[r], eg[r], E[r], acc[r]);
     }
     const int64_t chain = c0 / P.chain_k;
     for (int r = 0; r < R; r++) {
-      if (m0 + r < M) std::memcpy(out + (chain * M + m0 + r) * P.N + n0, &acc[r], sizeof acc[r]);
+      if (m0 + r < P.M) std::memcpy(out + (chain * P.M + m0 + r) * P.N + n0, &acc[r], sizeof acc[r]);
     }
   }
 }
@@ -808,41 +928,57 @@ ffi::Error Grouped(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::F32> va, ffi::Bu
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tcemu grouped: A (M, K) and B (K, N) expected");
   GParams P{ad[0], bd[1], ad[1], chain_k, block, group, F, (int32_t)zero_exp, (int)mode, 23, subnormals != 0,
             overflow_ieee != 0, flush_c != 0};
-  if (P.M % R || P.N % W || chain_k <= 0 || P.K % chain_k || group <= 0 || block % group || block / group > 8 ||
-      chain_k % block || lens.element_count() != (size_t)(P.K / chain_k))
+  if (P.M % R || P.N % W || chain_k <= 0 || P.K % chain_k || group <= 0 || group > 32 || block % group ||
+      block / group > kMaxGroups || chain_k % block || lens.element_count() != (size_t)(P.K / chain_k))
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tcemu grouped: bad shapes or attributes");
   const int64_t K = P.K, N = P.N, KG = K / group, strips = N / W;
   int64_t T = threads < 1 ? 1 : (threads > strips ? strips : threads);
   if (P.M * P.N * P.K < kThreadsFrom) T = 1;  // small calls: threads cost more than they save
   const float* a = va.typed_data();
-  std::vector<float> aabs(a, a + P.M * K);
-  for (auto& x : aabs) x = x < 0 ? -x : x;
-  auto run = mode == 0 ? gstrip<0> : mode == 1 ? gstrip<1> : mode == 2 ? gstrip<2> : mode == 3 ? gstrip<3> : gstrip<4>;
-  auto work = [&](int64_t s0, int64_t s1) {
-    std::vector<float> bsv(K * W), bsa(K * W);
-    std::vector<int32_t> sbsv(KG * W), sbev(KG * W);
+  std::vector<int32_t> am(P.M * KG, 0);  // nonzero elements of A's groups
+  for (int64_t g = 0; g < P.M * KG; g++) {
+    int32_t m = 0;
+    for (int64_t i = 0; i < group; i++) m |= int32_t(a[g * group + i] != 0) << i;
+    am[g] = m;
+  }
+  // the fast finish needs the exact sum below 2**53: groups |T| < G * 144 * 2**8, times 2**(F - 8),
+  // and the accumulator below 2**(F + 1)
+  const bool fast = kGroupedFast && mode != 2 &&
+                    (double)(block / group) * group * 144 * 256 * std::ldexp(1.0, (int)F - 8) + std::ldexp(1.0, (int)F + 1) <=
+                        std::ldexp(1.0, 53);
+  auto run = [&](int64_t s0, int64_t s1) {
+    const RoundingMode rounding((int)mode);
+    const GFinish slow = mode == 0 ? gfinish<0> : mode == 1 ? gfinish<1> : mode == 2 ? gfinish<2>
+                         : mode == 3 ? gfinish<3> : gfinish<4>;
+    std::vector<float> bsv(K * W);
+    std::vector<int32_t> sbsv(KG * W), sbev(KG * W), bmv(KG * W);
     for (int64_t s = s0; s < s1; s++) {
       const int64_t n0 = s * W;
-      for (int64_t k = 0; k < K; k++)
-        for (int j = 0; j < W; j++) {
-          float x = vb.typed_data()[k * N + n0 + j];
-          bsv[k * W + j] = x;
-          bsa[k * W + j] = x < 0 ? -x : x;
+      for (int64_t g = 0; g < KG; g++) {
+        vi m = splat(0);
+        for (int64_t i = 0; i < group; i++) {
+          const int64_t k = g * group + i;
+          vf x;
+          std::memcpy(&x, vb.typed_data() + k * N + n0, sizeof x);
+          std::memcpy(&bsv[k * W], &x, sizeof x);
+          m |= (vi)(x != 0) & (int32_t(1) << i);
         }
+        std::memcpy(&bmv[g * W], &m, sizeof m);
+      }
       for (int64_t g = 0; g < KG; g++) {
         std::memcpy(&sbsv[g * W], sbs.typed_data() + g * N + n0, W * sizeof(int32_t));
         std::memcpy(&sbev[g * W], sbe.typed_data() + g * N + n0, W * sizeof(int32_t));
       }
       for (int64_t m0 = 0; m0 < P.M; m0 += R)
-        run(P, lens.typed_data(), a, aabs.data(), sas.typed_data(), sae.typed_data(), bsv.data(), bsa.data(),
-            sbsv.data(), sbev.data(), m0, n0, out->typed_data());
+        gstrip(P, lens.typed_data(), a, am.data(), sas.typed_data(), sae.typed_data(), bsv.data(), bmv.data(),
+               sbsv.data(), sbev.data(), m0, n0, out->typed_data(), fast, slow);
     }
   };
   if (T == 1) {
-    work(0, strips);
+    run(0, strips);
   } else {
     std::vector<std::thread> pool;
-    for (int64_t t = 0; t < T; t++) pool.emplace_back(work, strips * t / T, strips * (t + 1) / T);
+    for (int64_t t = 0; t < T; t++) pool.emplace_back(run, strips * t / T, strips * (t + 1) / T);
     for (auto& th : pool) th.join();
   }
   return ffi::Error::Success();

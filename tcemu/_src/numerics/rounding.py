@@ -105,15 +105,42 @@ def round_pack32(sign, m, q, fmt: FloatFormat, mode: str, *, overflow: str = "in
 
 
 def divide(x, y):
-    """``x / y`` of float32 values rounded to nearest even, as IEEE 754 divides, in integers.
+    """``x / y`` of float32 values rounded to nearest even, as IEEE 754 divides, on every backend.
 
-    XLA's float32 division on GPUs is not correctly rounded (on an H100, ``1 / x`` is one ulp off
-    for about 14 % of random ``x``), so tcemu's recipes that divide (the NVFP4 scales) use this
-    to give the same bits on every backend: a 26-bit long division of the significands with a
-    sticky bit, then :func:`round_pack32`. NaN operands, ``0 / 0`` and ``inf / inf`` give NaN.
+    XLA's float32 division is not that everywhere: on GPUs it is not correctly rounded (on an
+    H100, ``1 / x`` is one ulp off for about 14 % of random ``x``), and on CPUs it flushes
+    subnormal operands and results to zero. tcemu's recipes that divide (the NVFP4 scales) use
+    this to give the same bits on every backend: on CPUs XLA's division where operands and
+    quotient are normal numbers (the rest, if any, as below); elsewhere :func:`divide_exact`.
 
     >>> import jax.numpy as jnp
     >>> float(divide(jnp.float32(1), jnp.float32(3))) == float(jnp.float32(1) / jnp.float32(3))
+    True
+    """
+    x, y = jnp.broadcast_arrays(jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32))
+    return jax.lax.platform_dependent(x, y, cpu=_divide_cpu, default=divide_exact)
+
+
+def _divide_cpu(x, y):
+    """XLA's CPU division, correctly rounded where no subnormal (flushed) is involved."""
+    q = x / y
+
+    def normal(v):  # a normal number (not zero, subnormal, inf or NaN)
+        e = (jax.lax.bitcast_convert_type(v, _U) >> 23) & _U(0xFF)
+        return (e != 0) & (e != 0xFF)
+
+    big = jnp.abs(q) > jnp.float32(2.0 ** -126)  # above the smallest normal: no underflow near it
+    ok = normal(x) & normal(y) & big & ~jnp.isnan(q)
+    return jax.lax.cond(jnp.all(ok), lambda: q, lambda: jnp.where(ok, q, divide_exact(x, y)))
+
+
+def divide_exact(x, y):
+    """``x / y`` of float32 values rounded to nearest even, in integers: a 26-bit long division of
+    the significands with a sticky bit, then :func:`round_pack32`. NaN operands, ``0 / 0`` and
+    ``inf / inf`` give NaN.
+
+    >>> import jax.numpy as jnp
+    >>> float(divide_exact(jnp.float32(1), jnp.float32(3))) == float(jnp.float32(1) / jnp.float32(3))
     True
     """
     x, y = jnp.broadcast_arrays(jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32))
