@@ -313,3 +313,93 @@ def test_mma_equal_engine(monkeypatch, arch, spelling, at, bt, ct):
     axes = (0, None, 0, None if sa is None else 0, None if sb is None else 0)
     want_v = _mma(ins, arch, "0", monkeypatch, *inner, vmap=axes)
     np.testing.assert_array_equal(_mma(ins, arch, "1", monkeypatch, *inner, vmap=axes), want_v)
+
+
+def _edge_operands(t, K, rng):
+    """A (8, K) and B (K, 24) values of ``t`` for the kernel's fast block finish and its
+    fallbacks: blocks whose int32 sum with the accumulator passes 2**31 (maximal significands
+    against B's first 8 columns, the second block 32 times the first), cancellation to tiny
+    results, values near the largest finite (blocks above 2**126: bf16 and tf32 read as
+    significands there), products near and below float32's smallest normal beside larger ones in
+    one block (against B's last 4 columns; the alignment exponent below F - 125, and a product
+    that float32 would round up across its truncation point), and random rows."""
+    big = {"f16": 2.0 ** 13, "bf16": 2.0 ** 125, "tf32": 2.0 ** 125}[t]
+    tiny = {"f16": 2.0 ** -14, "bf16": 2.0 ** -120, "tf32": 2.0 ** -120}[t]
+    low = {"f16": 2.0 ** -8, "bf16": 2.0 ** -70, "tf32": 2.0 ** -70}[t]
+    top = {"f16": 2 - 2.0 ** -10, "bf16": 2 - 2.0 ** -7, "tf32": 2 - 2.0 ** -10}[t]
+    sig = lambda *shape: 1 + rng.integers(0, 128, shape) / 128  # noqa: E731
+    k = np.arange(K)
+    a = np.zeros((8, K))  # rows 0-3 and 4-7: the kernel's row groups (the first free of special values)
+    a[0] = np.where(k % 32 < 16, top, 32 * top)
+    a[1] = -a[0]
+    a[2] = np.where(k % 16 == 0, low * 2.0 ** 25, low) * sig(K) * rng.choice([-1.0, 1.0], K)
+    a[2, 1::16] = low * 181 / 128  # times B's: a product just below 2 * low**2, near float32's subnormal grid
+    a[3] = rng.standard_normal(K) * np.exp2(rng.integers(-8, 9, K))
+    a[4] = tiny * np.where(k % 2, 1, -1) * (1 + (k % 3) / 8)  # near-cancelling
+    a[4, ::7] *= 1.5
+    a[5] = big * rng.choice([-1.0, 1.0], K) * sig(K)
+    a[6] = np.where(k % 48 < 16, big, 1.0) * rng.standard_normal(K)
+    a[7] = rng.standard_normal(K) * np.exp2(rng.integers(-8, 9, K))
+    b = np.ones((K, 24))
+    b[:, :8] = top
+    b[:, 8:16] = np.sign(rng.standard_normal((K, 8)))
+    b[:, 16:20] = rng.standard_normal((K, 4)) * np.exp2(rng.integers(-4, 5, (K, 4)))
+    b[:, 20:] = low * sig(K, 4) * rng.choice([-1.0, 1.0], (K, 4))
+    b[1::16, 20] = low * 181 / 128
+    return a, b
+
+
+@pytest.mark.parametrize("rounding", ["rz", "rne", "ru", "rd"])
+@pytest.mark.parametrize("ins,t", [(H100_F16, "f16"), (H100_BF16, "bf16"), (H100_TF32, "tf32")])
+def test_fast_finish_edges_equal_engine(monkeypatch, ins, t, rounding):
+    """The kernel's block finish by float32 conversion in the model's rounding direction, its
+    exact-value products for bf16/tf32, and the fallbacks where they do not hold (int32 wrap,
+    results near the float32 limits, blocks beyond float32's exponents), against the engine."""
+    rng = np.random.default_rng(23)
+    a, b = _edge_operands(t, 96, rng)
+
+    def bits(x):
+        if t == "tf32":
+            return jnp.asarray(x.astype(np.float32).view(np.uint32) & np.uint32(0xFFFFE000))
+        return fm.to_bits(jnp.asarray(x.astype(fm.VALUE_DTYPES[t])), t)
+
+    model = tcemu.numerics("H100").for_instruction(tcemu.GemmConfig(instruction=ins).ins).replace(rounding=rounding)
+    cfg = tcemu.GemmConfig(arch="H100", instruction=ins, model=model)
+    got = _check(monkeypatch, cfg, bits(a), bits(b)).view(np.float32)
+    tiny = np.abs(a[4]).min()
+    assert np.isfinite(got[4]).all() and (np.abs(got[4, 8:16]) <= 64 * tiny).all()  # the cancelling row stays tiny
+    assert (np.abs(got[0, :8]) > 2.0 ** 12).all() and (np.abs(got[5]) > 2.0 ** 100).any() == (t != "f16")
+
+
+def test_wide_fast_finish_edges_equal_engine(monkeypatch):
+    """sm_120 kind::f8f6f4 (blocks of 32, F = 25: two-word sums): sums of maximal products that
+    leave the one-word fast finish, beside ordinary ones."""
+    rng = np.random.default_rng(29)
+    K = 128
+    x = rng.standard_normal((8, K)) * np.exp2(rng.integers(-4, 5, (8, K)))
+    x[:3] = 448.0
+    x[1, 32:] *= -1
+    bmat = np.ones((K, 16)) * 448.0
+    bmat[:, 8:] = rng.standard_normal((K, 8))
+    e4m3 = lambda v: fm.to_bits(jnp.asarray(v.astype(ml_dtypes.float8_e4m3fn)), "e4m3")  # noqa: E731
+    cfg = tcemu.GemmConfig(arch="sm_120", instruction=SM120.format("e4m3", "e4m3"))
+    _check(monkeypatch, cfg, e4m3(x), e4m3(bmat))
+
+
+def test_mma_block_scales_per_block_equal_engine(monkeypatch):
+    """kind::mxf8f6f4 MMAs pass one ue8m0 exponent per block to the kernel: scales at both ends
+    of the range (values beyond float32's, read as significands) and NaN, against the engine."""
+    from tcemu._src.isa.parse import parse
+
+    ins = parse(SM120_MX)
+    rng = np.random.default_rng(31)
+    a, b = _bits(rng, (6, ins.m, ins.k), "e4m3"), _bits(rng, (6, ins.k, ins.n), "e2m1")
+    c = _bits(rng, (6, ins.m, ins.n), "f32", spread=20)
+    kb = ins.k // ins.scale_block
+    sa = rng.integers(110, 150, (6, ins.m, kb)).astype(np.uint32)
+    sb = rng.integers(110, 150, (6, kb, ins.n)).astype(np.uint32)
+    sa[1], sb[2] = 254, 0  # 2**127 and 2**-127
+    sa[3, 0, 0] = 255
+    args = (a, b, c, jnp.asarray(sa), jnp.asarray(sb))
+    want = _mma(ins, "sm_120", "0", monkeypatch, *args)
+    np.testing.assert_array_equal(_mma(ins, "sm_120", "1", monkeypatch, *args), want)

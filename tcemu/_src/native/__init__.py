@@ -168,12 +168,14 @@ def _format(fmt: fm.FloatFormat) -> int:
 
 
 def chains(a_bits, b_bits, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, model, *, k: int, chain_k: int, lens,
-           a_exp=None, b_exp=None, c=None):
+           a_exp=None, b_exp=None, c=None, scale_block: int = 0):
     """Accumulator bits (..., C, M, N) of C chains of instructions over the K of ``a_bits`` (...,
     M, C * chain_k) and ``b_bits`` (..., C * chain_k, N) (bit patterns with leading batch axes,
     or none for an operand shared by the batch; ``a_exp`` / ``b_exp``: exponents added per
-    element, the ue8m0 scales of ``kind::mxf8f6f4``): chain c runs its first ``lens[c]`` elements
-    (whole instructions) from the float32 bits ``c`` (..., M, N), or from +0, as
+    element, the ue8m0 scales of ``kind::mxf8f6f4``, or per block of ``scale_block`` elements
+    along K, shaped (..., M, K / scale_block) and (..., K / scale_block, N)): chain c runs its
+    first ``lens[c]`` elements (whole instructions) from the float32 bits ``c`` (..., M, N), or
+    from +0, as
     :func:`~tcemu._src.numerics.engine.fused_dot` would (tf32 conversion and block order
     included). NaN/inf operands follow the engine's special-value path. Under ``jax.vmap`` the
     kernel runs the whole batch in one call."""
@@ -186,6 +188,10 @@ def chains(a_bits, b_bits, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, model, *,
         a_bits = engine.convert(a_bits, fm.F32, fm.TF32, "rna") if afmt is fm.TF32 else a_bits
         b_bits = engine.convert(b_bits, fm.F32, fm.TF32, "rna") if bfmt is fm.TF32 else b_bits
     perm = engine._order(k, model)
+    if perm is not None and scale_block:  # the order moves elements between scale blocks
+        a_exp = None if a_exp is None else jnp.repeat(a_exp, scale_block, axis=-1)
+        b_exp = None if b_exp is None else jnp.repeat(b_exp, scale_block, axis=-2)
+        scale_block = 0
     if perm is not None:  # one instruction's order, for every instruction of K
         perm = (np.arange(0, a_bits.shape[-1], k, dtype=np.int32)[:, None] + perm[None, :]).reshape(-1)
         a_bits, b_bits = a_bits[..., perm], b_bits[..., perm, :]
@@ -216,7 +222,7 @@ def chains(a_bits, b_bits, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, model, *,
                  mode=_MODES[model.rounding], p=model.accumulator_fraction_bits,
                  subnormals=int(model.subnormal_outputs), overflow_ieee=int(model.overflow == "ieee"),
                  flush_c=int(not model.subnormal_inputs), a_format=_format(afmt), b_format=_format(bfmt), **has,
-                 threads=_threads())
+                 scale_block=scale_block if scaled else 0, threads=_threads())
     call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct(batch + (K // chain_k, M, N), jnp.uint32),
                             vmap_method="broadcast_all")
     return call(jnp.asarray(lens, jnp.int32), full(a_bits, a_exp), full(b_bits, b_exp),

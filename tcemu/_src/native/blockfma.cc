@@ -69,6 +69,7 @@ struct Params {
   int64_t M, N, K, chain_k, block, F;
   int64_t group;            // products per int32 partial sum (the engine's _group_sums)
   int kind;                 // Kind: how strip() reads the operands
+  int64_t sblock;           // exponents added per block of sblock elements along K (0: per element)
   int32_t ab_shift;         // fab + fbb (split mode)
   bool zero_policy;         // zero products count with zero_exp
   int32_t zero_exp;         // exponent of a zero accumulator (zero_exponent, or -2**20)
@@ -366,10 +367,8 @@ inline vu load_part(const void* p, int64_t n) {
 // A exponents packed into one int32): pack16 clamps an exponent to int16 sentinels (NaN/inf
 // 16000, zero -4000; real exponents, scales included, lie within +-300), and unpack16 maps a sum
 // back: above 8192 a NaN/inf factor (also times zero: 12000), below -2048 a zero product.
-inline int32_t clamp16(int32_t e) { return e > 4096 ? 16000 : e < -4096 ? -4000 : e; }
-inline int32_t pack16(int32_t lo, int32_t hi) {
-  return (int32_t)(((uint32_t)clamp16(lo) & 0xFFFFu) | ((uint32_t)clamp16(hi) << 16));
-}
+inline vi clamp16(vi e) { return e > 4096 ? splat(16000) : e < -4096 ? splat(-4000) : e; }
+inline vi pack16(vi lo, vi hi) { return (vi)(((vu)clamp16(lo) & 0xFFFFu) | ((vu)clamp16(hi) << 16u)); }
 inline vi unpack16(vi x) { return x > 8192 ? splat(2 * kBig) : x < -2048 ? splat(2 * kZeroSentinel) : x; }
 
 // How strip() reads the operands: kSplit, signed significands and a power of two per product
@@ -555,12 +554,12 @@ void strip(const Params& P, const Entry& X, int64_t m0, int64_t n0, bool fast, b
       }
       vi S[R], Shi[R], Slo[R];
       vf scale[R];
-      vi out = splat(0);  // lanes outside the fast finish's exponents
+      vi out[R];  // lanes outside the fast finish's exponents
       for (int r = 0; r < R; r++) {
         if (P.has_min_exp) E[r] = vmax(E[r], splat(P.min_exp));
         S[r] = splat(0);
         if (Wide) Shi[r] = Slo[r] = splat(0);
-        out |= (E[r] < F - 126) | (E[r] > F + 96);
+        out[r] = (E[r] < F - 126) | (E[r] > F + 96);
         vu u = (vu)vmin(vmax(F - E[r] + 127, splat(1)), splat(254)) << 23u;
         std::memcpy(&scale[r], &u, sizeof u);
       }
@@ -578,7 +577,7 @@ void strip(const Params& P, const Entry& X, int64_t m0, int64_t n0, bool fast, b
       }
       const int32_t keep = ~((1 << (23 - P.p)) - 1);  // RZ to an accumulator of p fraction bits
       for (int r = 0; r < R; r++) {  // the fast finish where it holds for the row's lanes, else finish()
-        vi bad = out;
+        vi bad = out[r];
         vu bits = acc[r];
         if (fast) {
           vf c;
@@ -642,16 +641,24 @@ struct Operands {
 // are: their outputs are not stored).
 // Whether every value is exact (kHybrid reads the values only then).
 bool decode_a(const Params& P, const uint32_t* a, const int32_t* ae, float* va, float* va2, int32_t* ea) {
-  const int64_t n = P.M * P.K;
+  const int64_t K = P.K, sb = P.sblock, KB = sb ? K / sb : K;
   vi inexact = splat(0);
-  for (int64_t i = 0; i < n; i += W) {
-    vf v, sg;
-    vi e;
-    const vu bits = load_part(a + i, n - i);
-    inexact |= decode(bits, P.fa, P.flush_c, ae ? (vi)load_part(ae + i, n - i) : splat(0), v, sg, e);
-    store_part(va + i, P.kind == kSplit ? sg : v, n - i);
-    if (va2) store_part(va2 + i, sg, n - i);
-    store_part(ea + i, e, n - i);
+  for (int64_t m = 0; m < P.M; m++) {
+    for (int64_t k = 0; k < K; k += W) {
+      const int64_t i = m * K + k, n = K - k;
+      vi add = splat(0);
+      if (ae && !sb) {
+        add = (vi)load_part(ae + i, n);
+      } else if (ae) {  // one exponent per block of sb elements
+        for (int j = 0; j < W && j < n; j++) add[j] = ae[m * KB + (k + j) / sb];
+      }
+      vf v, sg;
+      vi e;
+      inexact |= decode(load_part(a + i, n), P.fa, P.flush_c, add, v, sg, e);
+      store_part(va + i, P.kind == kSplit ? sg : v, n);
+      if (va2) store_part(va2 + i, sg, n);
+      store_part(ea + i, e, n);
+    }
   }
   return !any(inexact);
 }
@@ -673,7 +680,10 @@ struct DecodedA {
     exact = decode_a(P, a, ae, v.data(), sg.empty() ? nullptr : sg.data(), e.data());
     const int64_t K = P.K;
     for (int64_t q = 0; q < (int64_t)e2.size() / K; q++)
-      for (int64_t k = 0; k < K; k++) e2[q * K + k] = pack16(e[2 * q * K + k], e[(2 * q + 1) * K + k]);
+      for (int64_t k = 0; k < K; k += W) {
+        const vi lo = (vi)load_part(&e[2 * q * K + k], K - k), hi = (vi)load_part(&e[(2 * q + 1) * K + k], K - k);
+        store_part(&e2[q * K + k], pack16(lo, hi), K - k);
+      }
   }
 };
 
@@ -683,7 +693,7 @@ struct DecodedA {
 void worker(const Params& P, const Strides& S, const Operands& O, const DecodedA* shared, int64_t strips,
             uint32_t* out, int64_t u_begin, int64_t u_end) {
   const RoundingMode rounding(P.mode);
-  const int64_t K = P.K, N = P.N, M = P.M;
+  const int64_t K = P.K, N = P.N, M = P.M, KE = P.sblock ? K / P.sblock : K;  // KE: exponents along K
   const bool wide = P.group < P.block || P.block * (int64_t(1) << (P.F + 2)) + (int64_t(1) << (P.F + 1)) >
                                              (int64_t(1) << 32);
   const Strip run = P.kind == kSafe     ? strip_for<kSafe>(P.block, wide)
@@ -707,13 +717,14 @@ void worker(const Params& P, const Strides& S, const Operands& O, const DecodedA
     const int64_t bt = u / strips, n0 = (u % strips) * W;
     const uint32_t* a = O.a + S.at(S.a, bt, M * K);
     if (!shared && a != decoded) {
-      own.decode(P, a, O.a_exp ? O.a_exp + S.at(S.a, bt, M * K) : nullptr);
+      own.decode(P, a, O.a_exp ? O.a_exp + S.at(S.a, bt, M * KE) : nullptr);
       decoded = a;
     }
     const uint32_t* b = O.b + S.at(S.b, bt, K * N);
     vi inexact = splat(0);
     for (int64_t k = 0; k < K; k++) {
-      vi add = O.b_exp ? (vi)load_part(O.b_exp + S.at(S.b, bt, K * N) + k * N + n0, N - n0) : splat(0);
+      vi add = O.b_exp ? (vi)load_part(O.b_exp + S.at(S.b, bt, KE * N) + (P.sblock ? k / P.sblock : k) * N + n0, N - n0)
+                       : splat(0);
       vf v, sg;
       vi e;
       inexact |= decode(load_part(b + k * N + n0, N - n0), P.fb, P.flush_c, add, v, sg, e);
@@ -721,7 +732,8 @@ void worker(const Params& P, const Strides& S, const Operands& O, const DecodedA
       std::memcpy(&bs[k * W], &v, sizeof v);
       if (P.kind == kHybrid) std::memcpy(&bs2[k * W], &sg, sizeof sg);
       std::memcpy(&es[k * W], &e, sizeof e);
-      for (int j = 0; j < W; j++) es2[k * W + j] = pack16(e[j], e[j]);
+      const vi e2 = pack16(e, e);
+      std::memcpy(&es2[k * W], &e2, sizeof e2);
     }
     const Entry X{A.v.data(), A.sg.empty() ? nullptr : A.sg.data(), A.e.data(), A.e2.data(), a, bs.data(),
                   bs2.empty() ? nullptr : bs2.data(), es.data(), es2.data(), b, O.c ? O.c + S.at(S.c, bt, M * N) : nullptr,
@@ -997,7 +1009,7 @@ ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::U32> a, ffi::Buff
                   int64_t kind, int64_t ab_shift, int64_t zero_policy, int64_t zero_exp, int64_t has_min_exp,
                   int64_t min_exp, int64_t mode, int64_t p, int64_t subnormals, int64_t overflow_ieee,
                   int64_t flush_c, int64_t a_format, int64_t b_format, int64_t has_c, int64_t has_a_exp,
-                  int64_t has_b_exp, int64_t threads) {
+                  int64_t has_b_exp, int64_t scale_block, int64_t threads) {
   auto ad = a.dimensions(), bd = b.dimensions();
   if (ad.size() < 2 || bd.size() < 2 || ad[ad.size() - 1] != bd[bd.size() - 2])
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tcemu blockfma: A (..., M, K) and B (..., K, N) expected");
@@ -1008,7 +1020,7 @@ ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::U32> a, ffi::Buff
                ((x >> 25) & 1) != 0};
   };
   Params P{ad[ad.size() - 2], bd[bd.size() - 1], ad[ad.size() - 1], chain_k, block, F, group, (int)kind,
-           (int32_t)ab_shift, zero_policy != 0, (int32_t)zero_exp, has_min_exp != 0, (int32_t)min_exp, (int)mode,
+           scale_block > 0 ? scale_block : 0, (int32_t)ab_shift, zero_policy != 0, (int32_t)zero_exp, has_min_exp != 0, (int32_t)min_exp, (int)mode,
            (int)p, subnormals != 0, overflow_ieee != 0, flush_c != 0, fmt(a_format), fmt(b_format)};
   if (P.M < 1 || P.N < 1 || P.chain_k <= 0 || P.K % P.chain_k || P.block <= 0 || P.chain_k % P.block ||
       P.group <= 0 || P.F > 29)
@@ -1019,8 +1031,10 @@ ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::U32> a, ffi::Buff
   const Strides S{batch_stride(lens.element_count(), C, batch), batch_stride(a.element_count(), MK, batch),
                   batch_stride(b.element_count(), KN, batch), batch_stride(c.element_count(), MN, batch)};
   const bool has_ae = has_a_exp != 0, has_be = has_b_exp != 0;
-  if (S.lens < 0 || S.a < 0 || S.b < 0 || (has_c != 0 && S.c < 0) || (has_ae && a_exp.element_count() != a.element_count()) ||
-      (has_be && b_exp.element_count() != b.element_count()))
+  const int64_t per = scale_block > 0 ? scale_block : 1;  // elements per exponent
+  if (S.lens < 0 || S.a < 0 || S.b < 0 || (has_c != 0 && S.c < 0) || P.K % per ||
+      (has_ae && a_exp.element_count() * per != a.element_count()) ||
+      (has_be && b_exp.element_count() * per != b.element_count()))
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
                       "tcemu blockfma: one length per chain, operands and C per batch entry or shared");
   const int64_t strips = (P.N + W - 1) / W, units = batch * strips;
@@ -1082,6 +1096,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(tcemu_blockfma_chains, Chains,
                                   .Attr<int64_t>("has_c")
                                   .Attr<int64_t>("has_a_exp")
                                   .Attr<int64_t>("has_b_exp")
+                                  .Attr<int64_t>("scale_block")
                                   .Attr<int64_t>("threads"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tcemu_grouped_chains, Grouped,

@@ -139,13 +139,15 @@ def _native_ok(ins: Mma, m: BlockFMA) -> bool:
                       _float_plan(ins, m)[0])
 
 
-def _native(ins: Mma, m: BlockFMA, a, b, c, a_exp=None, b_exp=None):
+def _native(ins: Mma, m: BlockFMA, a, b, c, a_exp=None, b_exp=None, scale_block=0):
     """:func:`_float_prepared` on the compiled CPU kernel: one chain of K from C (``addend="last"``:
-    from +0, then one addition of C), over every leading batch axis in one call."""
+    from +0, then one addition of C), over every leading batch axis in one call; ``a_exp`` /
+    ``b_exp`` exponents per element, or per block of ``scale_block`` elements."""
     def dot(c, cfmt, acc):  # acc is "f32" here (_native_ok)
         last = m.addend == "last"
         d = native.chains(a, b, fm.FORMATS[ins.atype], fm.FORMATS[ins.btype], m.replace(addend="first"), k=ins.k,
-                          chain_k=ins.k, lens=[ins.k], a_exp=a_exp, b_exp=b_exp, c=None if last else c)[..., 0, :, :]
+                          chain_k=ins.k, lens=[ins.k], a_exp=a_exp, b_exp=b_exp, c=None if last else c,
+                          scale_block=scale_block)[..., 0, :, :]
         if last:
             d = engine._add(d, fm.F32, c, cfmt, m, out=engine.accumulator_format(m, acc), mode=m.addend_rounding)
         return d
@@ -162,10 +164,10 @@ def _scaled(ins: Mma, m: BlockFMA, a, b, c, scale_a, scale_b, key):
         d = grouped.grouped_dot(jnp.asarray(a).astype(jnp.uint32), jnp.asarray(b).astype(jnp.uint32), c, sa, sb,
                                 blk, m)
     else:  # ue8m0: a power of two per block, added to the exponents of its elements
-        a_exp, b_exp = jnp.repeat(sa.exp, blk, axis=-1), jnp.repeat(sb.exp, blk, axis=-2)
         if _native_ok(ins, m):
-            d = _native(ins, m, a, b, c, a_exp, b_exp)
+            d = _native(ins, m, a, b, c, sa.exp, sb.exp, scale_block=blk)
         else:
+            a_exp, b_exp = jnp.repeat(sa.exp, blk, axis=-1), jnp.repeat(sb.exp, blk, axis=-2)
             prep = engine.prepare(a, fm.FORMATS[ins.atype], b, fm.FORMATS[ins.btype], m, a_exp=a_exp, b_exp=b_exp)
             d = _float_prepared(ins, m, prep, c, key, min_scale_exp=-254)
     nan = jnp.any(sa.is_nan, axis=-1)[..., :, None] | jnp.any(sb.is_nan, axis=-2)[..., None, :]
