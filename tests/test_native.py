@@ -332,7 +332,7 @@ def _edge_operands(t, K, rng):
     a = np.zeros((8, K))  # rows 0-3 and 4-7: the kernel's row groups (the first free of special values)
     a[0] = np.where(k % 32 < 16, top, 32 * top)
     a[1] = -a[0]
-    a[2] = np.where(k % 16 == 0, low * 2.0 ** 25, low) * sig(K) * rng.choice([-1.0, 1.0], K)
+    a[2] = np.where(k % 16 == 0, low * 2.0 ** (10 if t == "f16" else 25), low) * sig(K) * rng.choice([-1.0, 1.0], K)
     a[2, 1::16] = low * 181 / 128  # times B's: a product just below 2 * low**2, near float32's subnormal grid
     a[3] = rng.standard_normal(K) * np.exp2(rng.integers(-8, 9, K))
     a[4] = tiny * np.where(k % 2, 1, -1) * (1 + (k % 3) / 8)  # near-cancelling

@@ -4,7 +4,7 @@
 #   OUT=/some/dir TCEMU_PEER_VECTORS=.carry/peer-vectors bash experiments/hardware/gpu_checks.sh
 set -u
 cd "$(dirname "$0")/../.."
-export PYTHONPATH=$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/tcemu-gpu}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -34,6 +34,13 @@ if [ "$part" = all ] || [ "$part" = gemm-families ]; then
 fi
 if [ "$part" = all ] || [ "$part" = sharding ]; then
   python3 benchmarks/bench_sharding.py 2>&1 | tee "$OUT/bench_sharding_gpu.txt"
+fi
+if [ "$part" = all ] || [ "$part" = cpu-kernel ]; then
+  # the compiled CPU kernel on this machine's CPU (its widest vectors: AVX-512 on the GPU hosts)
+  # against the pure-JAX engine
+  grep -o -m1 -E "avx512f|avx2" /proc/cpuinfo
+  JAX_PLATFORMS=cpu TCEMU_NATIVE=1 timeout 400 python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_native.py \
+    2>&1 | tail -5 | tee "$OUT/tests_cpu_kernel.txt"
 fi
 if [ "$part" = all ] || [ "$part" = tests ]; then
   # TCEMU_X64 unset: the hardware-comparison modules run with x64 off and on (tests/conftest.py);

@@ -447,6 +447,15 @@ __attribute__((always_inline)) inline void terms_split(const Params& P, const fl
   }
 }
 
+// A float32 accumulator's exponent field, significand (flushed if asked) and exponent.
+inline void decode_acc(vu acc, bool flush, vi& ce, vi& csig, vi& cexp) {
+  ce = (vi)((acc >> 23u) & 255u);
+  const vi frac = (vi)(acc & 0x7FFFFFu);
+  csig = (ce != 0) ? (frac | 0x800000) : frac;
+  if (flush) csig = (ce != 0) ? csig : splat(0);
+  cexp = (ce != 0) ? ce - 127 : splat(-126);
+}
+
 // The general finish of one output row's block (rounding.round_pack32 on the exact sum with the
 // aligned accumulator), then the special-value path where a lane has a NaN/inf operand or
 // accumulator.
@@ -454,11 +463,8 @@ template <int Mode, bool Wide>
 __attribute__((noinline)) vu finish(const Params& P, const Entry& X, vi S, vi Shi, vi Slo, vi E, vu acc, int64_t m,
                                     int64_t n0, int64_t k0) {
   const int F = (int)P.F;
-  vi ce = (vi)((acc >> 23u) & 255u);
-  vi frac = (vi)(acc & 0x7FFFFFu);
-  vi csig = (ce != 0) ? (frac | 0x800000) : frac;
-  if (P.flush_c) csig = (ce != 0) ? csig : splat(0);
-  vi cexp = (ce != 0) ? ce - 127 : splat(-126);
+  vi ce, csig, cexp;
+  decode_acc(acc, P.flush_c, ce, csig, cexp);
   vi cs = F >= 23 ? csig << (F - 23) : csig;
   vi sh = vmin(vmax(E - cexp + (F >= 23 ? 0 : 23 - F), splat(0)), splat(31));
   vi tc = cs >> sh;
@@ -786,11 +792,8 @@ __attribute__((noinline)) vu gfinish(const GParams& P, int64_t ng, const vi* T, 
   rp.subnormals = P.subnormals;
   rp.overflow_ieee = P.overflow_ieee;
   const int F = (int)P.F;
-  vi ce = (vi)((acc >> 23u) & 255u);
-  vi frac = (vi)(acc & 0x7FFFFFu);
-  vi csig = (ce != 0) ? (frac | 0x800000) : frac;
-  if (P.flush_c) csig = (ce != 0) ? csig : splat(0);
-  vi cexp = (ce != 0) ? ce - 127 : splat(-126);
+  vi ce, csig, cexp;
+  decode_acc(acc, P.flush_c, ce, csig, cexp);
   vi Shi = splat(0), Slo = splat(0), h, l;
   for (int64_t g = 0; g < ng; g++) {
     vi t = T[g];
@@ -813,52 +816,55 @@ __attribute__((noinline)) vu gfinish(const GParams& P, int64_t ng, const vi* T, 
 typedef vu (*GFinish)(const GParams&, int64_t, const vi*, const vi*, vi, vu);
 
 #if defined(__AVX2__)
-// The fast finish of the grouped model (AVX2, W = 8): each term trunc(x * 2**(F - E)) is exact
-// in float32 (a group: T < 2**20 times a power of two) or in float64 (the accumulator), their sum
-// is an exact float64 integer (below 2**53: see Grouped), converted to float32 in the model's
-// direction (MXCSR), then E - F is added to its exponent field. Lanes whose result would not be a
-// normal float32, or whose exponents leave the float32 scales, are flagged in `bad`.
+// The fast finish of the grouped model (AVX2 or AVX-512, 8 lanes at a time): each term
+// trunc(x * 2**(F - E)) is exact in float32 (a group: T < 2**20 times a power of two) or in float64
+// (the accumulator), their sum is an exact float64 integer (below 2**53: see Grouped), converted
+// to float32 in the model's direction (MXCSR), then E - F is added to its exponent field. Lanes
+// whose result would not be a normal float32, or whose exponents leave the float32 scales, are
+// flagged in `bad`.
 inline vu gfast(const GParams& P, int64_t ng, const vi* T, const vi* eg, vi E, vu acc, vi& bad) {
+  static_assert(W % 8 == 0, "lanes in 256-bit chunks");
+  constexpr int H = W / 8;  // chunks of 8 lanes: float32 in one __m256, float64 in two __m256d
   const int F = (int)P.F;
   const vi ce = (vi)((acc >> 23u) & 255u);
   vf c;
   std::memcpy(&c, &acc, sizeof c);
   if (P.flush_c) c = (ce != 0) ? c : (vf){};
   bad |= (ce == 255) | (E < -126) | (E > 126);
-  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
-  auto add = [&](vf t) {
-    __m256 v;
-    std::memcpy(&v, &t, sizeof v);
-    lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
-    hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
-  };
+  __m256d lo[H], hi[H];
+  for (int h = 0; h < H; h++) lo[h] = hi[h] = _mm256_setzero_pd();
   for (int64_t g = 0; g < ng; g++) {  // T * 2**(F - 8 + e_g - E): below 2**-126 it truncates to 0 anyway
     const vu s = (vu)(vmax(F - 8 + eg[g] - E, splat(-126)) + 127) << 23u;
     vf scale, t = __builtin_convertvector(T[g], vf);
     std::memcpy(&scale, &s, sizeof s);
-    __m256 x;
     t = t * scale;
-    std::memcpy(&x, &t, sizeof x);
-    x = _mm256_round_ps(x, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-    std::memcpy(&t, &x, sizeof t);
-    add(t);
+    __m256 x[H];
+    std::memcpy(x, &t, sizeof x);
+    for (int h = 0; h < H; h++) {
+      const __m256 v = _mm256_round_ps(x[h], _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+      lo[h] = _mm256_add_pd(lo[h], _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+      hi[h] = _mm256_add_pd(hi[h], _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+    }
   }
   {  // the accumulator: trunc(c * 2**-E * 2**F) in float64
     const vu s = (vu)(127 - vmin(vmax(E, splat(-126)), splat(126))) << 23u;
-    __m256 cs, sc;
-    std::memcpy(&cs, &c, sizeof cs);
-    std::memcpy(&sc, &s, sizeof sc);
+    __m256 cs[H], sc[H];
+    std::memcpy(cs, &c, sizeof cs);
+    std::memcpy(sc, &s, sizeof sc);
     const __m256d f = _mm256_set1_pd((double)(int64_t(1) << F));
-    const __m256d cl = _mm256_mul_pd(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(cs)),
-                                                   _mm256_cvtps_pd(_mm256_castps256_ps128(sc))), f);
-    const __m256d ch = _mm256_mul_pd(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(cs, 1)),
-                                                   _mm256_cvtps_pd(_mm256_extractf128_ps(sc, 1))), f);
-    lo = _mm256_add_pd(lo, _mm256_round_pd(cl, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC));
-    hi = _mm256_add_pd(hi, _mm256_round_pd(ch, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC));
+    for (int h = 0; h < H; h++) {
+      const __m256d cl = _mm256_mul_pd(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(cs[h])),
+                                                     _mm256_cvtps_pd(_mm256_castps256_ps128(sc[h]))), f);
+      const __m256d ch = _mm256_mul_pd(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(cs[h], 1)),
+                                                     _mm256_cvtps_pd(_mm256_extractf128_ps(sc[h], 1))), f);
+      lo[h] = _mm256_add_pd(lo[h], _mm256_round_pd(cl, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC));
+      hi[h] = _mm256_add_pd(hi[h], _mm256_round_pd(ch, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC));
+    }
   }
-  const __m256 r = _mm256_set_m128(_mm256_cvtpd_ps(hi), _mm256_cvtpd_ps(lo));  // rounded (MXCSR)
+  __m256 r[H];
+  for (int h = 0; h < H; h++) r[h] = _mm256_set_m128(_mm256_cvtpd_ps(hi[h]), _mm256_cvtpd_ps(lo[h]));  // MXCSR
   vi fb;
-  std::memcpy(&fb, &r, sizeof fb);
+  std::memcpy(&fb, r, sizeof fb);
   const vi zero = (fb & 0x7FFFFFFF) == 0;
   const vi be = ((fb >> 23) & 255) + (E - F);
   bad |= ~zero & ((be < 1) | (be > 254));
