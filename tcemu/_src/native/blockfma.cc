@@ -8,20 +8,22 @@
 // the engine's special-value path (NaN, or an infinity).
 //
 // Operands: the bit patterns of A (M, K) and B (K, N) with their formats (exponent and fraction
-// bits, shift, NaN/inf encoding), optional int32 exponents added per element (the ue8m0 scales of
-// kind::mxf8f6f4). The kernel decodes them as engine._prepare does (exponent sentinels: zero
-// -2**18, NaN/inf +2**20), A once per batch entry and B by strips of W columns.
-// "safe" mode: the decoded values are the exact element values (their products are exact float32
-// numbers far from the range limits), so a term is trunc(va * vb * 2**(F - E)). Otherwise they are
-// the signed integer significands (at most 12 bits) and a term is trunc(va * vb * 2**(ea + eb - fab
-// - fbb + F - E)); the scale is clamped at 2**-126, where every term truncates to 0 anyway.
+// bits, shift, NaN/inf encoding), optional int32 exponents added per element or per block of K
+// (the ue8m0 scales of kind::mxf8f6f4). The kernel decodes them as engine._prepare does
+// (exponent sentinels: zero -2**18, NaN/inf +2**20), A once per batch entry and B by strips of W
+// columns (W: one native vector register of 32-bit lanes). A term is trunc(va * vb * 2**(F - E))
+// from the exact element values where their float32 products are exact (Kind, below), else
+// trunc(sa * sb * 2**(ea + eb - fab - fbb + F - E)) from the signed integer significands (at most
+// 12 bits), the scale clamped at 2**-126, where every term truncates to 0 anyway. The block's sum
+// is rounded by a float32 conversion where that is exact (the fast finish), else in integers.
 // Output (K / chain_k, M, N) uint32: per chain of chain_k elements of K, the accumulator bits after
 // its first lens[chain] elements (whole blocks; the rest is padding that does not run), from the
-// addend C (M, N) float32 bits, or from +0 (has_c 0; absent operands are one dummy element). Leading batch axes: every operand may
-// have them, or not have them (then it is shared by the whole batch); the output has them.
-#include <cstdint>
+// addend C (M, N) float32 bits, or from +0 (has_c 0; absent operands are one dummy element).
+// Leading batch axes: every operand may have them, or not have them (then it is shared by the
+// whole batch); the output has them.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <thread>
 #include <vector>
