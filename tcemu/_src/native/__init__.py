@@ -3,8 +3,9 @@
 ``blockfma.cc`` computes chains of fused block FMAs exactly as :mod:`tcemu._src.numerics.engine`
 does on its one-word path (per-product alignment, int32 block sum, one rounding): it decodes the
 operands' bits itself, vectorises over output columns (one vector register: 16 with AVX-512, 8
-with AVX2, 4 otherwise) and threads over column strips and batch entries. It is compiled on first use with the system's C++ compiler (``$CXX`` or ``c++``) against
-the XLA FFI headers that jaxlib ships, cached under ``$TCEMU_CACHE_DIR`` (default
+with AVX2, 4 otherwise) and threads over column strips and batch entries. It is compiled on first
+use with the system's C++ compiler (``$CXX`` or ``c++``) against the XLA FFI headers that jaxlib
+ships, cached under ``$TCEMU_CACHE_DIR`` (default
 ``~/.cache/tcemu``), and used on the CPU backend for the models it covers (:func:`supports`) by
 :func:`tcemu.matmul` (every chain of a K schedule in one call) and by single MMAs at the value
 and register level (``numerics.mma``; batches and ``jax.vmap`` of warps in one call). Without a
@@ -43,6 +44,7 @@ _GROUPED = "tcemu_grouped_chains"
 _MODES = {"rz": 0, "rne": 1, "rna": 2, "ru": 3, "rd": 4}
 # formats whose exact values have float32 products far from the float32 range limits
 _SAFE = ("f16", "e4m3", "e5m2", "e3m2", "e2m3", "e2m1")
+_KIND_SAFE, _KIND_HYBRID = 1, 2  # blockfma.cc's Kind: exact values always, or where a block allows
 _BIG = engine._BIG  # the engine's exponent sentinels (zero: -_BIG // 4, NaN/inf: _BIG)
 
 _lock = threading.Lock()
@@ -80,7 +82,9 @@ def _build() -> Path:
     import jaxlib
 
     cxx = os.environ.get("CXX", "c++")
-    flags = ["-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC", "-pthread", "-Wno-psabi"]
+    # -ffp-contract=fast: the kernel's float products are exact (its sums of products may fuse)
+    flags = ["-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC", "-pthread",
+             "-Wno-psabi"]
     src = _SOURCE.read_bytes()
     key = hashlib.sha256(b"\0".join([src, jaxlib.__version__.encode(), " ".join([cxx] + flags).encode(),
                                      platform.machine().encode(), _cpu_flags().encode()])).hexdigest()[:16]
@@ -175,14 +179,13 @@ def chains(a_bits, b_bits, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, model, *,
     element, the ue8m0 scales of ``kind::mxf8f6f4``, or per block of ``scale_block`` elements
     along K, shaped (..., M, K / scale_block) and (..., K / scale_block, N)): chain c runs its
     first ``lens[c]`` elements (whole instructions) from the float32 bits ``c`` (..., M, N), or
-    from +0, as
-    :func:`~tcemu._src.numerics.engine.fused_dot` would (tf32 conversion and block order
+    from +0, as :func:`~tcemu._src.numerics.engine.fused_dot` would (tf32 conversion and block order
     included). NaN/inf operands follow the engine's special-value path. Under ``jax.vmap`` the
     kernel runs the whole batch in one call."""
     if not available():
         raise RuntimeError(f"tcemu: the CPU kernel is not available ({_state.get('error', 'TCEMU_NATIVE=0')})")
     scaled = a_exp is not None or b_exp is not None
-    kind = 1 if not scaled and afmt.name in _SAFE and bfmt.name in _SAFE else 2
+    kind = _KIND_SAFE if not scaled and afmt.name in _SAFE and bfmt.name in _SAFE else _KIND_HYBRID
     a_bits, b_bits = jnp.asarray(a_bits).astype(jnp.uint32), jnp.asarray(b_bits).astype(jnp.uint32)
     if model.tf32_conversion == "rna":
         a_bits = engine.convert(a_bits, fm.F32, fm.TF32, "rna") if afmt is fm.TF32 else a_bits

@@ -245,7 +245,7 @@ inline vi decode(vu bits, const Fmt& f, bool flush, vi add, vf& v, vf& sg, vi& e
   const vi normal = ef != 0;
   if (flush) frac = normal ? frac : splat(0);
   const vi sig = normal ? (frac | (1 << f.fb)) : frac;
-  const vi exp = (normal ? ef - bias : splat(1 - bias)) + add;
+  const vi exp0 = normal ? ef - bias : splat(1 - bias), exp = exp0 + add;
   sg = __builtin_convertvector(neg ? -sig : sig, vf);
   const vi x = vmin(vmax(exp - f.fb, splat(-149)), splat(127)), h = x >> 1;
   const vu p1 = (vu)(h + 127) << 23u, p2 = (vu)(x - h + 127) << 23u;
@@ -254,7 +254,7 @@ inline vi decode(vu bits, const Fmt& f, bool flush, vi add, vf& v, vf& sg, vi& e
   std::memcpy(&s2, &p2, sizeof p2);
   const vi zero = sig == 0;
   v = zero ? (vf){} : (sg * s1) * s2;
-  e = (zero ? splat(kZeroSentinel) : special ? splat(kBig) : exp - add) + add;
+  e = (zero ? splat(kZeroSentinel) : special ? splat(kBig) : exp0) + add;
   return ~(zero | special) & ((exp - f.fb < -149) | (exp > 127));
 }
 
@@ -373,11 +373,12 @@ inline vi clamp16(vi e) { return e > 4096 ? splat(16000) : e < -4096 ? splat(-40
 inline vi pack16(vi lo, vi hi) { return (vi)(((vu)clamp16(lo) & 0xFFFFu) | ((vu)clamp16(hi) << 16u)); }
 inline vi unpack16(vi x) { return x > 8192 ? splat(2 * kBig) : x < -2048 ? splat(2 * kZeroSentinel) : x; }
 
-// How strip() reads the operands: kSplit, signed significands and a power of two per product
-// (any format); kSafe, exact values whose float32 products are exact and far from the range limits
-// (f16, fp8, fp6, fp4); kHybrid (bf16, tf32), exact values in blocks whose alignment exponent E
-// keeps every term exact in float32 (F - 125 <= E <= 126: a term that counts is a normal float32,
-// one that does not stays below 1), significands in the other blocks.
+// How strip() reads the operands (the kernel's attribute `kind`: kSafe or kHybrid): kSafe, exact
+// values whose float32 products are exact and far from the range limits (f16, fp8, fp6, fp4);
+// kHybrid (bf16, tf32, scaled elements), exact values in blocks whose alignment exponent E keeps
+// every term exact in float32 (F - 125 <= E <= 126: a term that counts is a normal float32, one
+// that does not stays below 1), and kSplit, signed significands and a power of two per product,
+// in the other blocks (and for entries whose values a float32 cannot hold).
 enum Kind { kSplit = 0, kSafe = 1, kHybrid = 2 };
 
 // The fast finish rounds a block's integer sum by converting it to float32 in the rounding mode
@@ -449,6 +450,19 @@ __attribute__((always_inline)) inline void terms_split(const Params& P, const fl
   }
 }
 
+// A float32 accumulator's exponent for the block's alignment (zero: zero_exp), and its value
+// (flushed to 0 if subnormal inputs are).
+inline vi acc_exponent(vu acc, bool flush, int32_t zero_exp) {
+  const vi ce = (vi)((acc >> 23u) & 255u);
+  const vi nz = flush ? (ce != 0) : (vi)((acc & 0x7FFFFFFFu) != 0);
+  return nz ? vmax(ce, splat(1)) - 127 : splat(zero_exp);
+}
+inline vf acc_value(vu acc, bool flush) {
+  vf c;
+  std::memcpy(&c, &acc, sizeof c);
+  return flush && (vi)((acc >> 23u) & 255u) == 0 ? (vf){} : c;
+}
+
 // A float32 accumulator's exponent field, significand (flushed if asked) and exponent.
 inline void decode_acc(vu acc, bool flush, vi& ce, vi& csig, vi& cexp) {
   ce = (vi)((acc >> 23u) & 255u);
@@ -511,6 +525,7 @@ void strip(const Params& P, const Entry& X, int64_t m0, int64_t n0, bool fast, b
   const int32_t* pe = X.ea + m0 * K;
   const int32_t* lens = X.lens;
   const int F = (int)P.F;
+  const int32_t keep = ~((1 << (23 - P.p)) - 1);  // the fast finish: RZ to an accumulator of p fraction bits
   for (int64_t c0 = 0; c0 < K; c0 += P.chain_k) {
     vu acc[R];
     for (int r = 0; r < R; r++) {
@@ -520,11 +535,7 @@ void strip(const Params& P, const Entry& X, int64_t m0, int64_t n0, bool fast, b
     const int64_t end = c0 + lens[c0 / P.chain_k];
     for (int64_t k0 = c0; k0 < end; k0 += L) {
       vi E[R];
-      for (int r = 0; r < R; r++) {  // the accumulator's exponent (zero: zero_exp)
-        vi ce = (vi)((acc[r] >> 23u) & 255u);
-        vi nz = P.flush_c ? (ce != 0) : (vi)((acc[r] & 0x7FFFFFFFu) != 0);
-        E[r] = nz ? vmax(ce, splat(1)) - 127 : splat(P.zero_exp);
-      }
+      for (int r = 0; r < R; r++) E[r] = acc_exponent(acc[r], P.flush_c, P.zero_exp);
       {
         static_assert(R % 2 == 0, "row pairs");
         vh top[R / 2];
@@ -583,15 +594,11 @@ void strip(const Params& P, const Entry& X, int64_t m0, int64_t n0, bool fast, b
         else
           terms_split<Wide, Lc>(P, X.va2 + m0 * K, pe, X.bs2, X.es, K, k0, E, S, Shi, Slo);
       }
-      const int32_t keep = ~((1 << (23 - P.p)) - 1);  // RZ to an accumulator of p fraction bits
       for (int r = 0; r < R; r++) {  // the fast finish where it holds for the row's lanes, else finish()
         vi bad = out[r];
         vu bits = acc[r];
         if (fast) {
-          vf c;
-          std::memcpy(&c, &acc[r], sizeof c);
-          if (P.flush_c) c = (vi)((acc[r] >> 23u) & 255u) != 0 ? c : (vf){};
-          const vi tc = __builtin_convertvector(c * scale[r], vi);
+          const vi tc = __builtin_convertvector(acc_value(acc[r], P.flush_c) * scale[r], vi);
           vi s;
           if (Wide) {  // hi * 2**16 + lo + tc as one word where |hi| < 2**14: below 2**31
             s = (vi)(((vu)Shi[r] << 16u) + (vu)(Slo[r] + tc));
@@ -644,10 +651,9 @@ struct Operands {
   const int32_t *a_exp, *b_exp;  // null for none
 };
 
-// One entry of A (M, K) decoded as one run of elements into va (values, or significands for
-// kSplit), va2 (kHybrid: significands) and ea (rows up to a multiple of R beyond M are left as they
-// are: their outputs are not stored).
-// Whether every value is exact (kHybrid reads the values only then).
+// One entry of A (M, K) decoded into va (values), va2 (kHybrid: significands) and ea (rows up to a
+// multiple of R beyond M are left as they are: their outputs are not stored). Returns whether
+// every value is exact (kHybrid reads the values only then).
 bool decode_a(const Params& P, const uint32_t* a, const int32_t* ae, float* va, float* va2, int32_t* ea) {
   const int64_t K = P.K, sb = P.sblock, KB = sb ? K / sb : K;
   vi inexact = splat(0);
@@ -663,7 +669,7 @@ bool decode_a(const Params& P, const uint32_t* a, const int32_t* ae, float* va, 
       vf v, sg;
       vi e;
       inexact |= decode(load_part(a + i, n), P.fa, P.flush_c, add, v, sg, e);
-      store_part(va + i, P.kind == kSplit ? sg : v, n);
+      store_part(va + i, v, n);
       if (va2) store_part(va2 + i, sg, n);
       store_part(ea + i, e, n);
     }
@@ -704,9 +710,7 @@ void worker(const Params& P, const Strides& S, const Operands& O, const DecodedA
   const int64_t K = P.K, N = P.N, M = P.M, KE = P.sblock ? K / P.sblock : K;  // KE: exponents along K
   const bool wide = P.group < P.block || P.block * (int64_t(1) << (P.F + 2)) + (int64_t(1) << (P.F + 1)) >
                                              (int64_t(1) << 32);
-  const Strip run = P.kind == kSafe     ? strip_for<kSafe>(P.block, wide)
-                    : P.kind == kHybrid ? strip_for<kHybrid>(P.block, wide)
-                                        : strip_for<kSplit>(P.block, wide);
+  const Strip run = P.kind == kSafe ? strip_for<kSafe>(P.block, wide) : strip_for<kHybrid>(P.block, wide);
   const Strip split = strip_for<kSplit>(P.block, wide);  // kHybrid where a value is not exact: significands
   const Finish slow = wide ? finish_for<true>(P.mode) : finish_for<false>(P.mode);
   // the fast finish: sums of at most 31 bits (one word, or two words checked per block), a binary32
@@ -736,7 +740,6 @@ void worker(const Params& P, const Strides& S, const Operands& O, const DecodedA
       vf v, sg;
       vi e;
       inexact |= decode(load_part(b + k * N + n0, N - n0), P.fb, P.flush_c, add, v, sg, e);
-      if (P.kind == kSplit) v = sg;
       std::memcpy(&bs[k * W], &v, sizeof v);
       if (P.kind == kHybrid) std::memcpy(&bs2[k * W], &sg, sizeof sg);
       std::memcpy(&es[k * W], &e, sizeof e);
@@ -744,8 +747,9 @@ void worker(const Params& P, const Strides& S, const Operands& O, const DecodedA
       std::memcpy(&es2[k * W], &e2, sizeof e2);
     }
     const Entry X{A.v.data(), A.sg.empty() ? nullptr : A.sg.data(), A.e.data(), A.e2.data(), a, bs.data(),
-                  bs2.empty() ? nullptr : bs2.data(), es.data(), es2.data(), b, O.c ? O.c + S.at(S.c, bt, M * N) : nullptr,
-                  O.lens + S.at(S.lens, bt, K / P.chain_k), out + bt * (K / P.chain_k) * M * N};
+                  bs2.empty() ? nullptr : bs2.data(), es.data(), es2.data(), b,
+                  O.c ? O.c + S.at(S.c, bt, M * N) : nullptr, O.lens + S.at(S.lens, bt, K / P.chain_k),
+                  out + bt * (K / P.chain_k) * M * N};
     if (P.kind == kHybrid && !(A.exact && !any(inexact))) {  // significands only
       Entry Xs = X;
       Xs.va = X.va2;
@@ -828,11 +832,8 @@ inline vu gfast(const GParams& P, int64_t ng, const vi* T, const vi* eg, vi E, v
   static_assert(W % 8 == 0, "lanes in 256-bit chunks");
   constexpr int H = W / 8;  // chunks of 8 lanes: float32 in one __m256, float64 in two __m256d
   const int F = (int)P.F;
-  const vi ce = (vi)((acc >> 23u) & 255u);
-  vf c;
-  std::memcpy(&c, &acc, sizeof c);
-  if (P.flush_c) c = (ce != 0) ? c : (vf){};
-  bad |= (ce == 255) | (E < -126) | (E > 126);
+  const vf c = acc_value(acc, P.flush_c);
+  bad |= ((vi)((acc >> 23u) & 255u) == 255) | (E < -126) | (E > 126);
   __m256d lo[H], hi[H];
   for (int h = 0; h < H; h++) lo[h] = hi[h] = _mm256_setzero_pd();
   for (int64_t g = 0; g < ng; g++) {  // T * 2**(F - 8 + e_g - E): below 2**-126 it truncates to 0 anyway
@@ -892,11 +893,7 @@ void gstrip(const GParams& P, const int32_t* lens, const float* va, const int32_
     for (int64_t k0 = c0; k0 < end; k0 += L) {
       const int64_t ng = L / G;
       vi E[R], eg[R][kMaxGroups], T[R][kMaxGroups];
-      for (int r = 0; r < R; r++) {
-        vi ce = (vi)((acc[r] >> 23u) & 255u);
-        vi nz = P.flush_c ? (ce != 0) : (vi)((acc[r] & 0x7FFFFFFFu) != 0);
-        E[r] = nz ? vmax(ce, splat(1)) - 127 : splat(P.zero_exp);
-      }
+      for (int r = 0; r < R; r++) E[r] = acc_exponent(acc[r], P.flush_c, P.zero_exp);
       for (int64_t g = 0; g < ng; g++) {
         const int64_t kg0 = k0 + g * G, gi = kg0 / G;
         vf sum[R];
@@ -918,18 +915,11 @@ void gstrip(const GParams& P, const int32_t* lens, const float* va, const int32_
           E[r] = vmax(E[r], eg[r][g]);
         }
       }
-      bool done = false;
-      if (fast) {
-        vu bits[R];
+      for (int r = 0; r < R; r++) {  // the fast finish where it holds for the row's lanes, else gfinish()
         vi bad = splat(0);
-        for (int r = 0; r < R; r++) bits[r] = gfast(P, ng, T[r], eg[r], E[r], acc[r], bad);
-        if (!any(bad)) {
-          for (int r = 0; r < R; r++) acc[r] = bits[r];
-          done = true;
-        }
+        const vu bits = fast ? gfast(P, ng, T[r], eg[r], E[r], acc[r], bad) : acc[r];
+        acc[r] = fast && !any(bad) ? bits : slow(P, ng, T[r], eg[r], E[r], acc[r]);
       }
-      if (!done)
-        for (int r = 0; r < R; r++) acc[r] = slow(P, ng, T[r], eg[r], E[r], acc[r]);
     }
     const int64_t chain = c0 / P.chain_k;
     for (int r = 0; r < R; r++) {
@@ -963,9 +953,8 @@ ffi::Error Grouped(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::F32> va, ffi::Bu
   }
   // the fast finish needs the exact sum below 2**53: groups |T| < G * 144 * 2**8, times 2**(F - 8),
   // and the accumulator below 2**(F + 1)
-  const bool fast = kGroupedFast && mode != 2 &&
-                    (double)(block / group) * group * 144 * 256 * std::ldexp(1.0, (int)F - 8) + std::ldexp(1.0, (int)F + 1) <=
-                        std::ldexp(1.0, 53);
+  const double top = (double)(block / group) * group * 144 * 256 * std::ldexp(1.0, (int)F - 8);
+  const bool fast = kGroupedFast && mode != 2 && top + std::ldexp(1.0, (int)F + 1) <= std::ldexp(1.0, 53);
   auto run = [&](int64_t s0, int64_t s1) {
     const RoundingMode rounding((int)mode);
     const GFinish slow = mode == 0 ? gfinish<0> : mode == 1 ? gfinish<1> : mode == 2 ? gfinish<2>
@@ -1028,12 +1017,13 @@ ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::U32> a, ffi::Buff
                ((x >> 25) & 1) != 0};
   };
   Params P{ad[ad.size() - 2], bd[bd.size() - 1], ad[ad.size() - 1], chain_k, block, F, group, (int)kind,
-           scale_block > 0 ? scale_block : 0, (int32_t)ab_shift, zero_policy != 0, (int32_t)zero_exp, has_min_exp != 0, (int32_t)min_exp, (int)mode,
+           scale_block > 0 ? scale_block : 0, (int32_t)ab_shift,
+           zero_policy != 0, (int32_t)zero_exp, has_min_exp != 0, (int32_t)min_exp, (int)mode,
            (int)p, subnormals != 0, overflow_ieee != 0, flush_c != 0, fmt(a_format), fmt(b_format)};
   if (P.M < 1 || P.N < 1 || P.chain_k <= 0 || P.K % P.chain_k || P.block <= 0 || P.chain_k % P.block ||
-      P.group <= 0 || P.F > 29)
+      P.group <= 0 || P.F > 29 || (P.kind != kSafe && P.kind != kHybrid))
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      "tcemu blockfma: K % chain_k and chain_k % block must be 0, F <= 29");
+                      "tcemu blockfma: K % chain_k and chain_k % block must be 0, F <= 29, kind safe or hybrid");
   const int64_t C = P.K / P.chain_k, MK = P.M * P.K, KN = P.K * P.N, MN = P.M * P.N;
   const int64_t batch = (int64_t)out->element_count() / (C * MN);
   const Strides S{batch_stride(lens.element_count(), C, batch), batch_stride(a.element_count(), MK, batch),

@@ -126,11 +126,11 @@ def _divide_cpu(x, y):
     q = x / y
 
     def normal(v):  # a normal number (not zero, subnormal, inf or NaN)
-        e = (jax.lax.bitcast_convert_type(v, _U) >> 23) & _U(0xFF)
-        return (e != 0) & (e != 0xFF)
+        d = fm.decode(jax.lax.bitcast_convert_type(v, _U), fm.F32)
+        return (d.sig >= (1 << 23)) & ~d.is_inf & ~d.is_nan
 
-    big = jnp.abs(q) > jnp.float32(2.0 ** -126)  # above the smallest normal: no underflow near it
-    ok = normal(x) & normal(y) & big & ~jnp.isnan(q)
+    # above the smallest normal, so no underflow near it (false for NaN)
+    ok = normal(x) & normal(y) & (jnp.abs(q) > jnp.float32(2.0 ** -126))
     return jax.lax.cond(jnp.all(ok), lambda: q, lambda: jnp.where(ok, q, divide_exact(x, y)))
 
 
