@@ -103,6 +103,15 @@ def reference_matmul(a, b, cfg):
         while len(parts) > 1:
             nxt = [parts[i] + parts[i + 1] for i in range(0, len(parts) - 1, 2)]
             parts = nxt + ([parts[-1]] if len(parts) % 2 else [])
+    if s.reduction == "shuffle" and len(parts) > 1:  # 32 lanes from +0, then a shuffle-down tree
+        lanes = [np.zeros_like(parts[0]) for _ in range(32)]
+        for i, p in enumerate(parts):
+            lanes[i % 32] = lanes[i % 32] + p
+        h = 16
+        while h:
+            lanes = [lanes[j] + lanes[j + h] for j in range(h)]
+            h //= 2
+        parts = lanes
     out = parts[0]
     for p in parts[1:]:
         out = out + p
@@ -119,6 +128,8 @@ SCHEDULES = [
     tcemu.KSchedule(slices=3, slice_align=8, residue="first", k_tile=32, partials="f16"),
     tcemu.KSchedule(k_tile=128, residue="first", slices=2, promotion=128),
     tcemu.KSchedule(slices=0, reduction="pairwise"),
+    tcemu.KSchedule(k_tile=32, slices=5, slice_align=8, reduction="shuffle"),
+    tcemu.KSchedule(slices=40, slice_align=1, reduction="shuffle"),
 ]
 
 

@@ -102,8 +102,20 @@ SHAPES = [
 ]
 
 
-def cases():
-    """The capture grid: dicts with lib, batch, M, N, K, a, b, out, flags, seed."""
+# a second grid, never used to build the table: shapes of the same kinds for checking
+# ``library_config`` and ``identify`` on shapes the table has not seen
+HELD_OUT_SHAPES = [
+    (None, 768, 768, 768), (None, 2048, 2048, 2048), (None, 3072, 1024, 4096), (None, 1536, 1536, 640),
+    (None, 384, 384, 600), (None, 640, 640, 999), (None, 250, 750, 1500), (None, 2000, 1000, 333),
+    (None, 100, 300, 700), (None, 96, 96, 8192), (None, 48, 2048, 8192), (None, 512, 512, 24576),
+    (None, 200, 200, 20000), (None, 8, 8192, 2048), (None, 8192, 32, 2048), (None, 2048, 4096, 128),
+    (None, 1024, 1024, 3000), (None, 160, 160, 12288), (4, 384, 384, 1536), (3, 640, 640, 2500),
+]
+GRIDS = {"table": SHAPES, "held-out": HELD_OUT_SHAPES}
+
+
+def cases(grid: str = "table"):
+    """The capture grid (``GRIDS``): dicts with lib, batch, M, N, K, a, b, out, flags, seed."""
     out = []
 
     def add(lib, shape, a, b, o, **flags):
@@ -111,7 +123,7 @@ def cases():
         out.append(dict(lib=lib, batch=bt, M=M, N=N, K=K, a=a, b=b, out=o, flags=flags,
                         seed=seed_of(bt, M, N, K, a, b)))
 
-    for s in SHAPES:
+    for s in GRIDS[grid]:
         lib = "torch.bmm" if s[0] else "torch.mm"
         for t in ("f16", "bf16"):
             for rpr in (False, True):

@@ -61,25 +61,29 @@ def config_dict(cfg):
     return {"instruction": cfg.instruction, "schedule": dataclasses.asdict(cfg.schedule)}
 
 
+def captured(path, key):
+    """A captured case: (case, GPU name, "H100"/"H200", rows, columns, output crop)."""
+    z, meta = load(path)
+    case = next(c for c in meta["cases"] if c.get("key") == key)
+    gpu = meta["header"]["versions"]["gpu"]
+    rows, cols = z[f"{key}.rows"], z[f"{key}.cols"]
+    return case, gpu, "H200" if "H200" in gpu else "H100", rows, cols, z[f"{key}.d"].view(G.NUMPY[case["out"]])
+
+
 def one(job):
     """Identify one case; with ``twin`` (the configuration found for a case of the same shape,
     types and kernels), first check whether that one reproduces all captured rows."""
     import tcemu
 
-    path, key, twin, seconds = job
-    z, meta = load(path)
-    case = next(c for c in meta["cases"] if c.get("key") == key)
-    gpu = meta["header"]["versions"]["gpu"]
-    arch = "H200" if "H200" in gpu else "H100"
-    rows, cols = z[f"{key}.rows"], z[f"{key}.cols"]
-    d = z[f"{key}.d"].view(G.NUMPY[case["out"]])
+    path, key, twin, seconds, n_seen = job
+    case, gpu, arch, rows, cols, d = captured(path, key)
     t = time.time()
     row = {k: case[k] for k in ("lib", "batch", "M", "N", "K", "a", "b", "out", "flags", "seed")}
     row.update(gpu=gpu, arch=arch, key=key, kernels=case.get("kernels") or _hlo_kernels(case.get("hlo", [])))
-    # the first SEEN rows of one batch index are what identify sees
+    # the first n_seen rows of one batch index are what identify sees
     bt = rows // case["M"]
     seen = np.zeros(len(rows), bool)
-    seen[np.flatnonzero(bt == bt[0])[:SEEN]] = True
+    seen[np.flatnonzero(bt == bt[0])[:n_seen]] = True
     a, _, bs = crop_operands(case, rows[seen], cols)
     store = G.OUT_STORAGE[case["out"]]
 
@@ -102,8 +106,8 @@ def one(job):
         row.update(closest=[], searched=False, seconds=round(time.time() - t, 1))
         return row
     try:
-        cfg = tcemu.identify(a, bs[int(bt[0])], d[seen], arch=arch, max_seconds=seconds)
-        row.update(config_dict(cfg))
+        cfg = tcemu.identify(a, bs[int(bt[0])], d[seen], arch=arch, rows=n_seen, max_seconds=seconds)
+        row.update(config_dict(cfg), seen=int(seen.sum()))
         held = emulate(case, rows[~seen], cols, cfg).view(store) == d[~seen].view(store)
         row["held_out"] = float(held.mean()) if held.size else None
     except tcemu.NoMatch as e:
@@ -114,14 +118,18 @@ def one(job):
 
 def hinted(case):
     """Schedules the kernel information points to: XLA's Triton split-K (S from the split dot's
-    shape, slices aligned to its block_k, residue last, pairwise reduction of float32 partials)."""
+    shape, K padded to a multiple of S * 16 bytes, k-tiles of the fusion's block_k with the
+    residue last in each slice; the float32 partials reduced by a Triton reduction fusion
+    (pairwise) or by XLA's reduction emitter (shuffle tree))."""
     hlo = " ".join(case.get("hlo", []))
-    m = re.search(r"f32\[(\d+),\d+,\d+(?:,\d+)?\]\{[\d,]+\} dot\(", hlo)
+    m = re.search(r"f32\[" + (r"\d+," if case["batch"] else "") + r"(\d+),\d+,\d+\]\{[\d,]+\} dot\(", hlo)
     bk = re.search(r'dot\(.*?"sizes":\["(\d+)"\]', hlo)
-    if not (m and bk) or case["batch"]:
+    if not (m and bk):
         return []
-    return [{"slices": int(m.group(1)), "slice_align": int(bk.group(1)), "reduction": red}
-            for red in ("pairwise", "sequential")]
+    align = 128 // min(8 if t in ("e4m3", "e5m2") else 16 for t in (case["a"], case["b"]))
+    reds = ("pairwise", "shuffle") if "loop_reduce_fusion" in hlo else ("shuffle", "pairwise")
+    return [{"slices": int(m.group(1)), "k_tile": int(bk.group(1)), "slice_align": align, "reduction": red}
+            for red in reds + ("sequential",)]
 
 
 def _hlo_kernels(hlo):
@@ -168,6 +176,34 @@ def summary(table) -> str:
     return "\n".join(lines)
 
 
+def check_config(job):
+    """Whether ``tcemu.library_config`` (no outputs seen) reproduces every captured output of a case."""
+    import tcemu
+
+    path, key = job
+    case, gpu, arch, rows, cols, d = captured(path, key)
+    cfg = tcemu.library_config(case["lib"], arch=arch, M=case["M"], N=case["N"], K=case["K"], a=case["a"],
+                               b=case["b"], out=case["out"], batch=case["batch"], **case["flags"])
+    store = G.OUT_STORAGE[case["out"]]
+    ok = emulate(case, rows, cols, cfg).view(store) == d.view(store)
+    return dict({k: case[k] for k in ("lib", "batch", "M", "N", "K", "a", "b", "out", "flags")}, arch=arch, key=key,
+                kernels=case.get("kernels") or _hlo_kernels(case.get("hlo", [])), match=float(ok.mean()),
+                **config_dict(cfg))
+
+
+def check_summary(rows) -> str:
+    """Markdown: per GPU and library, cases ``library_config`` reproduces bit for bit."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["arch"], r["lib"], kernel_family(r)), []).append(r)
+    lines = ["| GPU | library | kernels | cases | reproduced |", "|---|---|---|---|---|"]
+    for (arch, lib, fam), rs in sorted(groups.items()):
+        lines.append(f"| {arch} | {lib} | {fam} | {len(rs)} | {sum(r['match'] == 1.0 for r in rs)} |")
+    ok = sum(r["match"] == 1.0 for r in rows)
+    lines.append(f"\n{ok} of {len(rows)} cases ({ok / max(1, len(rows)):.1%}) reproduced bit for bit by library_config.")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("captures", nargs="*")
@@ -176,12 +212,32 @@ def main(argv=None):
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--only", default="", help="comma-separated case keys (debugging)")
     p.add_argument("--seconds", type=float, default=30.0, help="search time per case before giving up")
+    p.add_argument("--seen", type=int, default=SEEN,
+                   help="captured rows identify sees (the others check its answer); all 64 leave none held out")
     p.add_argument("--resume", help="a partial table (a run cut off by a time limit): keep its rows, do the rest")
     p.add_argument("--retry-failed", action="store_true", help="with --resume: run the unreproduced cases again")
     p.add_argument("--lib", default="", help="only cases of libraries starting with this (torch, jnp.dot, ...)")
     p.add_argument("--no-search", action="store_true",
                    help="only check the configuration of a case with the same shape, types and kernels (cheap)")
+    p.add_argument("--check-config", action="store_true",
+                   help="check tcemu.library_config (which sees no outputs) on every case of the captures; "
+                        "write the rows to --out")
     args = p.parse_args(argv)
+    if args.check_config:
+        jobs = []
+        for path in args.captures:
+            z, meta = load(path)
+            jobs += [(path, c["key"]) for c in meta["cases"] if "key" in c and c["lib"].startswith(args.lib)]
+        with ProcessPoolExecutor(args.jobs) as ex:
+            rows = list(ex.map(check_config, jobs))
+        for r in rows:
+            if r["match"] < 1:
+                print(f"{r['arch']} {r['key']} {r['lib']} b{r['batch']} {r['M']}x{r['N']}x{r['K']} {r['a']}->{r['out']} "
+                      f"{r['flags']} {kernel_family(r)}: {r['match']:.3f} with {r['schedule']}")
+        print(check_summary(rows))
+        if args.out:
+            Path(args.out).write_text(json.dumps(rows, indent=0))
+        return
     if args.summary:
         print(summary(json.loads(Path(args.out).read_text())))
         return
@@ -220,7 +276,7 @@ def main(argv=None):
             c = next(c for c in meta["cases"] if c.get("key") == key)
             sig = json.dumps([c["lib"], c["batch"], c["M"], c["N"], c["K"], c["a"], c["b"], c["out"],
                               c.get("kernels") or _hlo_kernels(c.get("hlo", []))])
-            todo.append((path, key, by_sig.get(sig), 0.0))
+            todo.append((path, key, by_sig.get(sig), 0.0, args.seen))
         groups = {}
 
     def show(row):
@@ -242,8 +298,10 @@ def main(argv=None):
         if args.no_search:
             for row in ex.map(one, todo):
                 show(row)
-        firsts = [show(r) for r in ex.map(one, [(p, k, None, args.seconds) for p, k in (g[0] for g in groups.values())])]
-        rest = [(p, k, f if "schedule" in f else None, args.seconds) for f, g in zip(firsts, groups.values()) for p, k in g[1:]]
+        firsts = [show(r) for r in ex.map(one, [(p, k, None, args.seconds, args.seen)
+                                                for p, k in (g[0] for g in groups.values())])]
+        rest = [(p, k, f if "schedule" in f else None, args.seconds, args.seen)
+                for f, g in zip(firsts, groups.values()) for p, k in g[1:]]
         for row in ex.map(one, rest):
             show(row)
     write()

@@ -1,10 +1,10 @@
 """Capture what real library GEMMs return on this GPU: torch.mm / torch.bmm / torch._scaled_mm
 (cuBLAS through PyTorch) and jnp.dot (XLA), on the grid of ``gemm_inputs.cases()``.
 
-    python experiments/hardware/library_gemm.py --lib torch --out OUTDIR
-    python experiments/hardware/library_gemm.py --lib jax --out OUTDIR
+    python experiments/hardware/library_gemm.py --lib torch --out OUTDIR [--grid held-out]
+    python experiments/hardware/library_gemm.py --lib jax --out OUTDIR [--grid held-out]
 
-Writes ``OUTDIR/library_gemm_<gpu>_<lib>.npz``: per case ``<i>.d`` the output bits at the crop
+Writes ``OUTDIR/library_gemm_<gpu>_<lib>.npz`` (``..._heldout.npz`` for the held-out grid): per case ``<i>.d`` the output bits at the crop
 (``<i>.rows`` flat over batch*M, ``<i>.cols``) and ``meta``, a JSON list of the cases with the
 kernels that ran (torch profiler names; for jnp.dot the GEMM lines of XLA's optimised HLO, with
 the Triton tiling / split-K or cuBLAS algorithm XLA picked), whether two runs gave the same bits,
@@ -160,9 +160,11 @@ def main(argv=None):
     p.add_argument("--lib", choices=("torch", "jax"), required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--limit", type=int, default=0, help="first N cases only (plumbing check)")
+    p.add_argument("--grid", choices=tuple(G.GRIDS), default="table",
+                   help="the shapes: the table's grid, or the held-out shapes that check it")
     args = p.parse_args(argv)
     runner = Torch() if args.lib == "torch" else Jax()
-    todo = [c for c in G.cases() if c["lib"].startswith("torch" if args.lib == "torch" else "jnp")]
+    todo = [c for c in G.cases(args.grid) if c["lib"].startswith("torch" if args.lib == "torch" else "jnp")]
     if args.limit:
         todo = todo[:args.limit]
     arrays, meta = {}, []
@@ -189,8 +191,9 @@ def main(argv=None):
 
 def save(args, runner, arrays, meta, t0):
     header = {"versions": runner.versions(), "date": time.strftime("%Y-%m-%d"), "seconds": round(time.time() - t0, 1),
-              "command": f"python experiments/hardware/library_gemm.py --lib {args.lib} --out OUTDIR"}
-    out = Path(args.out) / f"library_gemm_{gpu_name()}_{args.lib}.npz"
+              "command": f"python experiments/hardware/library_gemm.py --lib {args.lib} --out OUTDIR --grid {args.grid}"}
+    suffix = "" if args.grid == "table" else "_heldout"
+    out = Path(args.out) / f"library_gemm_{gpu_name()}_{args.lib}{suffix}.npz"
     np.savez_compressed(out, **arrays, meta=np.array(json.dumps({"header": header, "cases": meta})))
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB, {len(meta)} cases, {time.time() - t0:.0f} s)", flush=True)
 

@@ -42,7 +42,7 @@ from tcemu._src.numerics import mma as mma_numerics
 from tcemu._src.numerics import rounding
 from tcemu._src.numerics.model import BlockFMA, choice_field, int_field, replace_fields
 from tcemu._src.numerics.presets import check_model
-from tcemu._src.schedule import KSchedule
+from tcemu._src.schedule import SHUFFLE_LANES, KSchedule
 
 K_ORDERS = ("sequential", "split_k", "promotion", "pairwise")
 QUANTIZE_FORMATS = ("f16", "bf16", "tf32", "e4m3", "e5m2", "e3m2", "e2m3", "e2m1")
@@ -358,7 +358,7 @@ def _combine(chain, plan, acc, G: int, shape):
 
     if sched.reduction == "sequential":
         return jax.lax.fori_loop(1, plan.slices, lambda s, t: f32_add(t, partial(s)), partial(0))
-    return _pairwise(jax.lax.map(partial, jnp.arange(plan.slices)), f32_add)
+    return _reduce(jax.lax.map(partial, jnp.arange(plan.slices)), sched.reduction, f32_add)
 
 
 def _native_gemm(a_bits, b_bits, ins: Mma, model, plan, scales):
@@ -495,7 +495,7 @@ def _xla_gemm(a_bits, b_bits, cfg: GemmConfig, ins: Mma, model, plan, key, scale
             return one_slice(tj[0], oj[0])
         parts = jax.vmap(one_slice)(tj, oj)
         parts = _partials(parts if plan.group else to_f32(parts), sched)
-        return _fold(parts, f32_add) if sched.reduction == "sequential" else _pairwise(parts, f32_add)
+        return _reduce(parts, sched.reduction, f32_add)
 
     out_fmt = fm.F32 if plan.reduces else acc
 
@@ -517,6 +517,30 @@ def _xla_gemm(a_bits, b_bits, cfg: GemmConfig, ins: Mma, model, plan, key, scale
     out = jax.lax.map(lambda x: exact_or_fast(*x), xs)  # (nblocks, mc, Nt, m, n)
     out = out.reshape(nblocks * mc, Nt, m, n)[:Mt].transpose(0, 2, 1, 3).reshape(Mp, Np)[:M, :N]
     return out, out_fmt
+
+
+def _reduce(parts, reduction: str, add):
+    """The slices' partials (S, ...) combined as ``KSchedule.reduction`` says."""
+    if reduction == "sequential":
+        return _fold(parts, add)
+    if reduction == "pairwise":
+        return _pairwise(parts, add)
+    return _shuffle(parts, add)
+
+
+def _shuffle(parts, add):
+    """XLA's reduction emitter: lane j of 32 adds partials j, j + 32, ... in order onto +0, then
+    lane j adds lane j + h for h = 16, 8, 4, 2, 1."""
+    S, W = parts.shape[0], SHUFFLE_LANES
+    rounds = -(-S // W)
+    padded = jnp.concatenate([parts, jnp.zeros((rounds * W - S,) + parts.shape[1:], parts.dtype)])
+    lanes = _fold(jnp.concatenate([jnp.zeros((1, W) + parts.shape[1:], parts.dtype),
+                                   padded.reshape((rounds, W) + parts.shape[1:])]), add)
+    h = W // 2
+    while h:
+        lanes = add(lanes[:h], lanes[h:2 * h])
+        h //= 2
+    return lanes[0]
 
 
 def _fold(parts, add):

@@ -13,20 +13,27 @@ output bit for bit.
 """
 from __future__ import annotations
 
+import functools
 import time
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from tcemu._src import formats as fm
+from tcemu._src import native
 from tcemu._src.arch import resolve
-from tcemu._src.gemm import GemmConfig, matmul
-from tcemu._src.schedule import KSchedule
+from tcemu._src.gemm import GemmConfig, _native_ok, matmul
+from tcemu._src.numerics import mma as mma_numerics
+from tcemu._src.schedule import REDUCTIONS, SHUFFLE_LANES, KSchedule
 
 INPUT_TYPES = {np.dtype(np.float16): "f16", np.dtype(ml_dtypes.bfloat16): "bf16",
                np.dtype(ml_dtypes.float8_e4m3fn): "e4m3", np.dtype(ml_dtypes.float8_e5m2): "e5m2"}
 OUTPUT_TYPES = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", np.dtype(ml_dtypes.bfloat16): "bf16"}
-SLICE_COUNTS = (2, 4, 3, 8, 5, 6, 7, 16) + tuple(range(9, 16)) + (32, 20, 24, 28, 48, 64, 128)
+_NUMPY = {"f16": np.float16, "bf16": ml_dtypes.bfloat16}
+_BITS = {"f16": 16, "bf16": 16, "e4m3": 8, "e5m2": 8}
+SLICE_COUNTS = tuple(range(2, 33)) + (40, 48, 56, 64, 96, 128)
 
 
 class NoMatch(ValueError):
@@ -54,14 +61,18 @@ def instructions(arch: str, a: str, b: str) -> list[str]:
     return out
 
 
-def schedules(K: int, k: int, a: str, out: str):
-    """Candidate K schedules for instructions of depth ``k``, in stages, most common first:
-    stage 0 one chain (residue last, or first with k-tiles of 64, 128, 32, 256 or k), with fp8
-    promotion every 128 as well; stage 1, for every slice count S (2, 4, 3, 8, ...), the common
-    split-K forms (slices aligned to 64-element k-tiles added in order, as cuBLAS does; aligned
-    to 128 and added pairwise, as XLA's Triton split-K does); stage 2, per S, the rest: other
-    alignments, residue first, equal slices, partials in the output type. Yields (stage,
-    KSchedule); the search tries stage by stage, every instruction within a stage."""
+def schedules(K: int, k: int, a: str, b: str, out: str):
+    """Candidate K schedules for instructions of depth ``k``, in stages, most common first.
+
+    Stage 0: one chain (residue last, or first with k-tiles of 64, 128, 32, 256 or k), for fp8
+    also promoted every 128. Stage 1, for every slice count S (2, 3, 4, ...), the libraries'
+    split-K forms: slices aligned to 64-element k-tiles added in order (cuBLAS nvjet); slices
+    rounded up to 16 bytes of the narrower input with the residue first in 32..128-element
+    k-tiles (CUTLASS 2); such slices with k-tiles of 16..256 and the residue last in each slice,
+    added pairwise, by a shuffle tree or in order (XLA's Triton split-K pads K to a multiple of
+    S * 16 bytes). Stage 2, per S, the rest: other k-tiles, residues, alignments, padding at the
+    start, partials in the output type. Yields (stage, KSchedule); the search tries stage by stage,
+    every instruction within a stage."""
     tiles = [t for t in (64, 128, 32, 256) if t % k == 0]
     chains = [KSchedule()] + [KSchedule(k_tile=t, residue="first") for t in tiles + [k]]
     promo = [0, 128] if a in ("e4m3", "e5m2") else [0]
@@ -71,25 +82,127 @@ def schedules(K: int, k: int, a: str, out: str):
                 yield 0, s.replace(promotion=p)
     partials = ["f32"] + ([out] if out in ("f16", "bf16") else [])
     common = tiles[0] if tiles else k
+    xla = 128 // min(_BITS[a], _BITS[b])  # elements in 16 bytes
+    every_tile = sorted(set([k] + tiles + [t for t in (16, 32) if t % k == 0]))
     for i, S in enumerate(SLICE_COUNTS):
-        if S * k > K + k * S // 2 and S > 2:
+        if S > 2 and S * k > 2 * K:
             break
-        for p in promo:  # first pass: the common forms for every S (cuBLAS/CUTLASS, XLA Triton)
+        for p in promo:  # cuBLAS nvjet
             yield 1 + i / 1000, KSchedule(k_tile=common, slices=S, promotion=p)
-            if not p:
-                yield 1 + i / 1000, KSchedule(k_tile=tiles[1] if len(tiles) > 1 else common, slices=S,
-                                              reduction="pairwise")
-        for p in promo:
+        for t in tiles[:3]:  # CUTLASS 2: slices of 16 bytes, residue first
             for part in partials:
-                for red in ("sequential", "pairwise"):
-                    for t in ([k] if k < 32 else []) + tiles[:2]:
-                        for res in ("first", "last"):
-                            yield 2 + i / 1000, KSchedule(k_tile=t, residue=res, slices=S, promotion=p,
-                                                          partials=part, reduction=red)
-                for pad in ("start", "end"):
-                    for red in ("sequential", "pairwise"):
-                        yield 2 + i / 1000, KSchedule(slices=S, slice_align=1, slice_pad=pad, reduction=red,
-                                                      promotion=p, partials=part)
+                yield 1 + i / 1000, KSchedule(k_tile=t, residue="first", slices=S, slice_align=xla, partials=part)
+        for t in every_tile:  # XLA Triton
+            for red in ("pairwise", "shuffle", "sequential"):
+                yield 1 + i / 1000, KSchedule(k_tile=t, slices=S, slice_align=xla, reduction=red)
+        for p in promo:
+            for t in (x for x in every_tile if not p % x):
+                for res in ("last", "first"):
+                    for align in dict.fromkeys((0, 1, xla, 128, 256)):
+                        for pad in ("end", "start"):
+                            for part in partials:
+                                for red in REDUCTIONS:
+                                    yield 2 + i / 1000, KSchedule(k_tile=t, residue=res, slices=S, slice_align=align,
+                                                                  slice_pad=pad, promotion=p, partials=part,
+                                                                  reduction=red)
+
+
+@functools.lru_cache(maxsize=64)
+def _chains_fn(afmt, bfmt, model, k: int, chain_k: int):
+    """The CPU kernel's chains of ``chain_k`` elements, jitted once per size for every evaluator."""
+    return jax.jit(lambda A, B, lens: native.chains(A, B, afmt, bfmt, model, k=k, chain_k=chain_k, lens=lens))
+
+
+class _Chains:
+    """Emulated outputs of many schedules on a few rows, fast: the plan's chains run on the CPU
+    kernel with operands laid out by numpy gathers (one compile per power-of-two size, not per
+    schedule), their float32 results combined in numpy (IEEE float32 additions, as the engine's
+    RNE adds). Chain results are cached per plan, so reductions and partial types cost no kernel
+    call. A filter only: what it accepts is confirmed through :func:`tcemu.matmul`."""
+
+    def __init__(self, cfg: GemmConfig, a_bits, b_bits):
+        ins = cfg.ins
+        self.model = mma_numerics.resolve_model(ins, cfg.model, resolve(cfg.arch))
+        self.afmt, self.bfmt, self.k = fm.FORMATS[ins.atype], fm.FORMATS[ins.btype], ins.k
+        self.a, self.b = a_bits.astype(np.uint32), b_bits.astype(np.uint32)  # (R, K), (K, C)
+        self.cache = {}
+
+    @staticmethod
+    def usable(cfg: GemmConfig) -> bool:
+        ins = cfg.ins
+        model = mma_numerics.resolve_model(ins, cfg.model, resolve(cfg.arch))
+        return ins.dtype == "f32" and _native_ok(ins, model)
+
+
+    def chains(self, plan, rows):
+        """(S, G, R, C) float32 results of the plan's chains (slice s, promotion group j)."""
+        key = (plan.index.tobytes(), plan.index.shape, plan.valid.tobytes(), plan.group, rows.tobytes())
+        if key in self.cache:
+            return self.cache[key]
+        S, T, k = plan.slices, plan.steps, self.k
+        g = plan.group or T
+        G = -(-T // g)
+        n = np.clip(plan.valid.sum(axis=1)[:, None] - g * np.arange(G)[None, :], 0, g).reshape(-1)
+        ck = k << int(np.ceil(np.log2(max(1, int(n.max())))))
+        nc = 1 << int(np.ceil(np.log2(S * G)))
+        idx = np.full((nc, ck), -1, np.int64)
+        steps = np.pad(plan.index, ((0, 0), (0, G * g - T), (0, 0)), constant_values=-1).reshape(S * G, g * k)
+        width = min(g * k, ck)
+        idx[:S * G, :width] = steps[:, :width]
+        idx = idx.reshape(-1)
+        live = idx >= 0
+        A = np.where(live[None, :], self.a[rows][:, np.maximum(idx, 0)], 0)
+        B = np.where(live[:, None], self.b[np.maximum(idx, 0)], 0)
+        lens = np.zeros(nc, np.int32)
+        lens[:S * G] = n * k
+        out = np.asarray(_chains_fn(self.afmt, self.bfmt, self.model, k, ck)(A, B, lens))[:S * G].view(np.float32).reshape(S, G, len(rows), -1)
+        if len(self.cache) > 64:
+            self.cache.clear()
+        self.cache[key] = out
+        return out
+
+    def __call__(self, sched: KSchedule, K: int, rows):
+        """float32 D (R, C) of ``sched`` on ``rows`` of A."""
+        with np.errstate(all="ignore"):  # overflows to inf are part of the emulation
+            return self._combine(sched, sched.plan(K, self.k), rows)
+
+    def _combine(self, sched, plan, rows):
+        ch = self.chains(plan, rows)
+        if plan.group:  # promotion: groups added into float32 from +0
+            parts = np.float32(0) + ch[:, 0]
+            for j in range(1, ch.shape[1]):
+                parts = parts + ch[:, j]
+        else:
+            parts = ch[:, 0]
+        if plan.slices == 1:
+            return parts[0]
+        if sched.partials != "f32":
+            parts = parts.astype(_NUMPY[sched.partials]).astype(np.float32)
+        if sched.reduction == "sequential":
+            t = parts[0]
+            for p in parts[1:]:
+                t = t + p
+            return t
+        if sched.reduction == "shuffle":
+            W = SHUFFLE_LANES
+            lanes = np.zeros((W,) + parts.shape[1:], np.float32)
+            for i in range(0, parts.shape[0], W):
+                chunk = parts[i:i + W]
+                lanes = lanes + np.concatenate([chunk, np.zeros((W - len(chunk),) + chunk.shape[1:], np.float32)])
+            while lanes.shape[0] > 1:
+                h = lanes.shape[0] // 2
+                lanes = lanes[:h] + lanes[h:]
+            return lanes[0]
+        while parts.shape[0] > 1:
+            m = parts.shape[0]
+            s = parts[0:m - 1:2] + parts[1:m:2]
+            parts = np.concatenate([s, parts[m - 1:]]) if m % 2 else s
+        return parts[0]
+
+
+def _raw(x):
+    """Bit patterns of a float16/bfloat16/fp8 array."""
+    return x.view(np.uint16 if x.dtype.itemsize == 2 else np.uint8)
 
 
 def _signature(s: KSchedule, K: int, k: int):
@@ -107,7 +220,10 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
     float8_e4m3fn, float8_e5m2; numpy or JAX), ``d`` (..., M, N) the GPU's output (float32,
     float16 or bfloat16). The search uses up to ``rows`` rows and ``cols`` columns (spread over
     the matrix); candidates are tried most common first (:func:`schedules`) for each instruction
-    of :func:`instructions` (or ``instruction``), or the given ``candidates`` (KSchedules). Raises
+    of :func:`instructions` (or ``instruction``), or the given ``candidates`` (KSchedules). On
+    the CPU backend candidates are checked through the CPU kernel's chains (no compile per
+    candidate) and the one returned is confirmed through ``matmul``. 16-bit outputs carry less
+    evidence: more rows separate schedules that differ in a few outputs. Raises
     :class:`NoMatch` (a ValueError) listing the closest candidates when none matches.
     """
     a, b, d = np.asarray(a), np.asarray(b), np.asarray(d)
@@ -157,11 +273,33 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
     if not ins_list:
         raise ValueError(f"identify: no {at} x {bt} instruction on {arch}")
     ks = {ins: GemmConfig(arch=arch, instruction=ins).ins.k for ins in ins_list}
+    fast = {}  # per instruction: per batch index, the chain evaluator (None: off the CPU kernel)
+    for ins in ins_list:
+        base = GemmConfig(arch=arch, instruction=ins)
+        fast[ins] = ({x: _Chains(base, _raw(A), _raw(B)) for x, B in Bs.items()} if _Chains.usable(base) else None)
+
+    def evaluate(ins, cfg, sel):
+        """Per output of the rows ``sel``: whether ``cfg`` reproduces it (the chain evaluator
+        first where there is one; a full match is confirmed through ``matmul``)."""
+        if fast[ins] is None:
+            return same(run(cfg, sel), D[sel])
+        res = np.zeros(D.shape, d.dtype)
+        for x, ev in fast[ins].items():
+            m = sel & (bi == x)
+            if m.any():
+                with np.errstate(over="ignore"):  # float32 -> float16 overflow: inf, as the GPU gives
+                    res[m] = ev(cfg.schedule, K, np.flatnonzero(m)).astype(d.dtype)
+        ok = same(res[sel], D[sel])
+        if ok.all() and sel.all():
+            ok = same(run(cfg, sel), D[sel])
+        return ok
+
     if candidates is not None:
         todo = [(ins, sc) for sc in candidates for ins in ins_list]
     else:  # stage by stage, every instruction within a stage
-        staged = [(st, i, ins, sc) for i, ins in enumerate(ins_list) for st, sc in schedules(K, ks[ins], at, ot)]
-        todo = [(ins, sc) for st, i, ins, sc in sorted(staged, key=lambda x: (x[0], x[1]))]
+        staged = [(st, i, ins, sc) for i, ins in enumerate(ins_list) for st, sc in schedules(K, ks[ins], at, bt, ot)]
+        # instructions the chain evaluator covers first: the others cost a compile per candidate
+        todo = [(ins, sc) for st, i, ins, sc in sorted(staged, key=lambda x: (fast[x[2]] is None, x[0], x[1]))]
     t0, tried, scores = time.time(), set(), []
     for ins, sc in todo:
         k = ks[ins]
@@ -174,9 +312,9 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
             continue
         tried.add(sig)
         cfg = GemmConfig(arch=arch, instruction=ins, schedule=sc)
-        ok = same(run(cfg, probe), D[probe])
+        ok = evaluate(ins, cfg, probe)
         if ok.all():
-            ok = same(run(cfg, np.ones_like(probe)), D)
+            ok = evaluate(ins, cfg, np.ones_like(probe))
         scores.append((float(ok.mean()), cfg))
         if ok.all():
             return cfg

@@ -4,10 +4,12 @@
 ``torch.mm`` / ``torch.bmm`` / ``torch._scaled_mm`` (cuBLAS) and ``jnp.dot`` (XLA) outputs, the
 kernels that ran, and the configuration ``tcemu.identify`` found for each; library versions in
 ``library_versions()``). A shape outside the table takes the configuration of the nearest
-measured shape of the same library, GPU, types and flags (distance: the sum of
-``|log2(x / x')|`` over M, N, K, plus 4 for each of M, N, K whose divisibility by 8 differs,
-since cuBLAS picks other kernels for unaligned operands, plus 4 when one is batched and the other
-not).
+measured shape of the same library, GPU, types and flags. Split-K and its slice count follow
+from how many output tiles there are to fill the GPU and from K, and cuBLAS runs CUTLASS 2
+kernels when a leading dimension (K of A, N of B and D) is not a multiple of 8 elements, so the
+distance is ``|log2(t / t')| + |log2(K / K')|`` with ``t`` the 128 x 128 output tiles times the
+batch, plus 4 for each of K and N whose divisibility by 8 differs, plus 1 when one is batched and
+the other not; ties go to the nearest M and N.
 
     >>> import tcemu
     >>> cfg = tcemu.library_config("torch._scaled_mm", arch="H100", M=4096, N=4096, K=4096,
@@ -83,10 +85,15 @@ def config_of(row: dict, gpu: str) -> GemmConfig:
     return GemmConfig(arch=gpu, instruction=row["instruction"], schedule=KSchedule(**row["schedule"]))
 
 
+def _tiles(M, N, batch):
+    """Output tiles of 128 x 128 over the batch: the parallelism a kernel has without split-K."""
+    return (batch or 1) * math.ceil(M / 128) * math.ceil(N / 128)
+
+
 def _distance(row, M, N, K, batch):
-    d = sum(abs(math.log2(x / row[n])) + 4 * ((x % 8 == 0) != (row[n] % 8 == 0))
-            for n, x in (("M", M), ("N", N), ("K", K)))
-    return d + 4 * (bool(batch) != bool(row["batch"]))
+    d = abs(math.log2(_tiles(M, N, batch) / _tiles(row["M"], row["N"], row["batch"]))) + abs(math.log2(K / row["K"]))
+    d += 4 * ((K % 8 == 0) != (row["K"] % 8 == 0)) + 4 * ((N % 8 == 0) != (row["N"] % 8 == 0))
+    return d + (bool(batch) != bool(row["batch"]))
 
 
 def library_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, batch: int | None = None,
@@ -121,5 +128,6 @@ def library_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, ba
         have = sorted({(r["a"], r["b"], r["out"]) for r in _table()[1] if r["lib"] == lib})
         raise ValueError(f"library_config: no measurements of {lib} with {a} x {b} -> {out}; measured: "
                          + ", ".join(f"{x} x {y} -> {z}" for x, y, z in have))
-    best = min(rows, key=lambda r: (_distance(r, M, N, K, batch), r["M"] * r["N"] * r["K"]))
+    best = min(rows, key=lambda r: (_distance(r, M, N, K, batch), abs(math.log2(M / r["M"])) + abs(math.log2(N / r["N"])),
+                                    r["M"] * r["N"] * r["K"]))
     return config_of(best, gpu)

@@ -24,7 +24,8 @@ import numpy as np
 from tcemu._src.numerics.model import choice_field, int_field, replace_fields
 
 RESIDUES = ("last", "first")
-REDUCTIONS = ("sequential", "pairwise")
+REDUCTIONS = ("sequential", "pairwise", "shuffle")
+SHUFFLE_LANES = 32
 SLICE_PADS = ("end", "start")
 PARTIALS = ("f32", "f16", "bf16")
 
@@ -47,8 +48,10 @@ class KSchedule:
         slice boundary moves: XLA's split-K pads K low to a multiple of the slice count).
       promotion: elements of K (a multiple of ``k_tile``) accumulated in the tensor core before
         the accumulator is added into a float32 total that starts at +0 (0: no promotion).
-      reduction: how slice partials combine in float32: "sequential" (((p0 + p1) + p2) + ...) or
-        "pairwise" (adjacent pairs, then pairs of pairs).
+      reduction: how slice partials combine in float32: "sequential" (((p0 + p1) + p2) + ...),
+        "pairwise" (adjacent pairs, then pairs of pairs: a Triton reduction), or "shuffle" (XLA's
+        GPU reduction emitter: 32 lanes, lane j adds partials j, j + 32, ... in order onto +0,
+        then lane j adds lane j + h for h = 16, 8, 4, 2, 1, a warp shuffle-down tree).
       partials: type the slice partials are stored in before they are added ("f32", or "f16" /
         "bf16": rounded to nearest even first, as cuBLAS's reduced-precision split-K does).
     """
