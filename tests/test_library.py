@@ -151,16 +151,16 @@ def _reproduces(path, case, gpu):
 
 def test_library_config_on_every_table_case():
     rows = [r for r in _table()["cases"] if "schedule" in r and r["held_out"] in (1.0, None)]
-    assert len(rows) >= 770  # of 786 captured cases: every XLA split-K with a Triton reduction of 32+ slices missing
+    assert len(rows) >= 784  # of 786 captured cases: two fp8 XLA Triton split-K GEMMs are not reproduced
     missed = [r["key"] for r in rows if not _reproduces(*CASES[(r["arch"], r["lib"], r["key"])], r["arch"])]
     assert not missed
 
 
 def test_library_config_on_shapes_the_table_has_not_seen():
     # the held-out grid: 500 cases at 20 shapes the table has not seen, on the H100 and the H200
-    # (experiments/hardware/identify_captures.py --check-config); 321 reproduced bit for bit
+    # (experiments/hardware/identify_captures.py --check-config); 326 reproduced bit for bit
     hits = [_reproduces(path, case, gpu) for (gpu, _, _), (path, case) in sorted(HELD_OUT_CASES.items())]
-    assert len(hits) == 500 and sum(hits) >= 321, sum(hits)
+    assert len(hits) == 500 and sum(hits) >= 326, sum(hits)
 
 
 def test_chain_evaluator_equals_matmul():

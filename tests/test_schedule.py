@@ -99,10 +99,30 @@ def reference_matmul(a, b, cfg):
             parts.append(np.asarray(d, np.float32))
     parts = [p.astype({"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16}[s.partials])
              .astype(np.float32) for p in parts]
-    if s.reduction == "pairwise":
+    def pairwise(parts):
         while len(parts) > 1:
             nxt = [parts[i] + parts[i + 1] for i in range(0, len(parts) - 1, 2)]
             parts = nxt + ([parts[-1]] if len(parts) % 2 else [])
+        return parts
+
+    if s.reduction == "pairwise" and s.reduce_threads > 1:  # round-robin to threads, lanes, then warps
+        T, L = s.reduce_threads, s.reduce_lanes or s.reduce_threads
+        P = 1
+        while P < max(T, len(parts)):
+            P *= 2
+        parts = parts + [np.zeros_like(parts[0])] * (P - len(parts))
+        threads = [pairwise(parts[t::T])[0] for t in range(T)]
+        warps = []
+        for w in range(T // L):
+            lanes = threads[w * L:(w + 1) * L]
+            while len(lanes) > 1:
+                lanes = [lanes[i] + lanes[i + len(lanes) // 2] for i in range(len(lanes) // 2)]
+            warps.append(lanes[0])
+        while len(warps) > 1:
+            warps = [warps[i] + warps[i + len(warps) // 2] for i in range(len(warps) // 2)]
+        parts = warps
+    elif s.reduction == "pairwise":
+        parts = pairwise(parts)
     if s.reduction == "shuffle" and len(parts) > 1:  # 32 lanes from +0, then a shuffle-down tree
         lanes = [np.zeros_like(parts[0]) for _ in range(32)]
         for i, p in enumerate(parts):
@@ -130,6 +150,8 @@ SCHEDULES = [
     tcemu.KSchedule(slices=0, reduction="pairwise"),
     tcemu.KSchedule(k_tile=32, slices=5, slice_align=8, reduction="shuffle"),
     tcemu.KSchedule(slices=40, slice_align=1, reduction="shuffle"),
+    tcemu.KSchedule(slices=12, slice_align=8, reduction="pairwise", reduce_threads=8, reduce_lanes=2),
+    tcemu.KSchedule(slices=9, slice_align=1, reduction="pairwise", reduce_threads=2, reduce_lanes=1),
 ]
 
 
@@ -170,6 +192,9 @@ def test_k_orders_are_schedules():
     (dict(k_tile=-1), ValueError, "k_tile must be >= 0"), (dict(k_tile=1.5), TypeError, "k_tile"),
     (dict(slices=-2), ValueError, "slices"), (dict(reduction="tree"), ValueError, "'sequential', 'pairwise'"),
     (dict(partials="f64"), ValueError, "partials must be one of 'f32', 'f16', 'bf16'"),
+    (dict(reduction="pairwise", reduce_threads=6), ValueError, "must be powers of two"),
+    (dict(reduction="pairwise", reduce_threads=4, reduce_lanes=8), ValueError, "the lanes dividing the threads"),
+    (dict(reduce_threads=4), ValueError, "reduce_threads=4 needs reduction='pairwise'"),
     (dict(promotion=100, k_tile=64), ValueError, "promotion=100 must be a multiple of k_tile=64"),
 ])
 def test_schedule_validation(changes, err, msg):

@@ -27,6 +27,7 @@ sys.path.insert(0, str(HERE))
 import gemm_inputs as G  # noqa: E402
 
 sys.path.insert(0, str(HERE.parents[1]))
+from tcemu._src.identify import _triton_trees  # noqa: E402
 from tcemu._src.schedule import KSchedule  # noqa: E402
 
 SEEN = 32
@@ -120,16 +121,19 @@ def hinted(case):
     """Schedules the kernel information points to: XLA's Triton split-K (S from the split dot's
     shape, K padded to a multiple of S * 16 bytes, k-tiles of the fusion's block_k with the
     residue last in each slice; the float32 partials reduced by a Triton reduction fusion
-    (pairwise) or by XLA's reduction emitter (shuffle tree))."""
+    (pairwise, over threads, lanes and warps) or by XLA's reduction emitter (shuffle tree))."""
     hlo = " ".join(case.get("hlo", []))
     m = re.search(r"f32\[" + (r"\d+," if case["batch"] else "") + r"(\d+),\d+,\d+\]\{[\d,]+\} dot\(", hlo)
     bk = re.search(r'dot\(.*?"sizes":\["(\d+)"\]', hlo)
     if not (m and bk):
         return []
     align = 128 // min(8 if t in ("e4m3", "e5m2") else 16 for t in (case["a"], case["b"]))
-    reds = ("pairwise", "shuffle") if "loop_reduce_fusion" in hlo else ("shuffle", "pairwise")
-    return [{"slices": int(m.group(1)), "k_tile": int(bk.group(1)), "slice_align": align, "reduction": red}
-            for red in reds + ("sequential",)]
+    S = int(m.group(1))
+    base = {"slices": S, "k_tile": int(bk.group(1)), "slice_align": align}
+    reds = [{"reduction": "pairwise"}] + [{"reduction": "pairwise", "reduce_threads": T, "reduce_lanes": L}
+                                          for T, L in _triton_trees(S)]
+    reds = reds + [{"reduction": "shuffle"}] if '"kind":"__triton"}' in hlo else [{"reduction": "shuffle"}] + reds
+    return [base | r for r in reds + [{"reduction": "sequential"}]]
 
 
 def _hlo_kernels(hlo):

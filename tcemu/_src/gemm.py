@@ -358,7 +358,7 @@ def _combine(chain, plan, acc, G: int, shape):
 
     if sched.reduction == "sequential":
         return jax.lax.fori_loop(1, plan.slices, lambda s, t: f32_add(t, partial(s)), partial(0))
-    return _reduce(jax.lax.map(partial, jnp.arange(plan.slices)), sched.reduction, f32_add)
+    return _reduce(jax.lax.map(partial, jnp.arange(plan.slices)), sched, f32_add)
 
 
 def _native_gemm(a_bits, b_bits, ins: Mma, model, plan, scales):
@@ -495,7 +495,7 @@ def _xla_gemm(a_bits, b_bits, cfg: GemmConfig, ins: Mma, model, plan, key, scale
             return one_slice(tj[0], oj[0])
         parts = jax.vmap(one_slice)(tj, oj)
         parts = _partials(parts if plan.group else to_f32(parts), sched)
-        return _reduce(parts, sched.reduction, f32_add)
+        return _reduce(parts, sched, f32_add)
 
     out_fmt = fm.F32 if plan.reduces else acc
 
@@ -519,13 +519,29 @@ def _xla_gemm(a_bits, b_bits, cfg: GemmConfig, ins: Mma, model, plan, key, scale
     return out, out_fmt
 
 
-def _reduce(parts, reduction: str, add):
-    """The slices' partials (S, ...) combined as ``KSchedule.reduction`` says."""
-    if reduction == "sequential":
+def _reduce(parts, sched: KSchedule, add):
+    """The slices' partials (S, ...) combined as ``sched.reduction`` says."""
+    if sched.reduction == "sequential":
         return _fold(parts, add)
-    if reduction == "pairwise":
+    if sched.reduction == "shuffle":
+        return _shuffle(parts, add)
+    T = sched.reduce_threads
+    if T == 1:
         return _pairwise(parts, add)
-    return _shuffle(parts, add)
+    S, L = parts.shape[0], sched.reduce_lanes or T
+    P = max(T, 1 << (S - 1).bit_length())  # Triton's power-of-two block, padded with +0
+    x = jnp.concatenate([parts, jnp.zeros((P - S,) + parts.shape[1:], parts.dtype)])
+    x = jax.vmap(lambda y: _pairwise(y, add), in_axes=1)(x.reshape((P // T, T) + parts.shape[1:]))  # (T, ...)
+    x = _butterfly(x.reshape((T // L, L) + parts.shape[1:]), 1, add)  # the lanes of each warp
+    return _butterfly(x, 0, add)  # then the warps
+
+
+def _butterfly(x, axis: int, add):
+    """``x`` summed over a power-of-two ``axis``: element i adds element i + h, h = n/2, ..., 1."""
+    while x.shape[axis] > 1:
+        h = x.shape[axis] // 2
+        x = add(jax.lax.slice_in_dim(x, 0, h, axis=axis), jax.lax.slice_in_dim(x, h, 2 * h, axis=axis))
+    return jnp.squeeze(x, axis)
 
 
 def _shuffle(parts, add):

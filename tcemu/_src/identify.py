@@ -36,6 +36,13 @@ _BITS = {"f16": 16, "bf16": 16, "e4m3": 8, "e5m2": 8}
 SLICE_COUNTS = tuple(range(2, 33)) + (40, 48, 56, 64, 96, 128)
 
 
+def _triton_trees(S: int):
+    """(threads, lanes per warp) of a Triton reduction over S partials: up to 4 warps of 32."""
+    P = 1 << (S - 1).bit_length()
+    return [(T, L) for T in (2, 4, 8, 16, 32, 64, 128) if T <= P for L in (1, 2, 4, 8, 16, 32)
+            if L <= T and T // L <= 4]
+
+
 class NoMatch(ValueError):
     """No candidate reproduces the output; ``closest`` lists (match fraction, GemmConfig)."""
 
@@ -95,6 +102,9 @@ def schedules(K: int, k: int, a: str, b: str, out: str):
         for t in every_tile:  # XLA Triton
             for red in ("pairwise", "shuffle", "sequential"):
                 yield 1 + i / 1000, KSchedule(k_tile=t, slices=S, slice_align=xla, reduction=red)
+            for T, L in _triton_trees(S):
+                yield 1 + i / 1000, KSchedule(k_tile=t, slices=S, slice_align=xla, reduction="pairwise",
+                                              reduce_threads=T, reduce_lanes=L)
         for p in promo:
             for t in (x for x in every_tile if not p % x):
                 for res in ("last", "first"):
@@ -193,11 +203,25 @@ class _Chains:
                 h = lanes.shape[0] // 2
                 lanes = lanes[:h] + lanes[h:]
             return lanes[0]
+        T, L = sched.reduce_threads, sched.reduce_lanes or sched.reduce_threads
+        if T > 1:  # padded to a power of two, thread t holds partials t, t + T, ...
+            P = max(T, 1 << (parts.shape[0] - 1).bit_length())
+            parts = np.concatenate([parts, np.zeros((P - parts.shape[0],) + parts.shape[1:], np.float32)])
+            parts = parts.reshape((P // T, T) + parts.shape[1:])
         while parts.shape[0] > 1:
             m = parts.shape[0]
             s = parts[0:m - 1:2] + parts[1:m:2]
             parts = np.concatenate([s, parts[m - 1:]]) if m % 2 else s
-        return parts[0]
+        parts = parts[0]
+        if T == 1:
+            return parts
+        parts = parts.reshape((T // L, L) + parts.shape[1:])
+        for axis in (1, 0):  # lanes, then warps
+            while parts.shape[axis] > 1:
+                h = parts.shape[axis] // 2
+                parts = np.take(parts, range(h), axis) + np.take(parts, range(h, 2 * h), axis)
+            parts = parts.squeeze(axis)
+        return parts
 
 
 def _raw(x):
@@ -208,7 +232,7 @@ def _raw(x):
 def _signature(s: KSchedule, K: int, k: int):
     plan = s.plan(K, k)
     return plan.index.tobytes(), plan.index.shape, plan.valid.tobytes(), plan.group, \
-        s.reduction if plan.slices > 2 else "", s.partials if plan.slices > 1 else ""
+        (s.reduction, s.reduce_threads, s.reduce_lanes) if plan.slices > 2 else "", s.partials if plan.slices > 1 else ""
 
 
 def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction: str | None = None,

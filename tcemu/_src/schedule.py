@@ -49,9 +49,17 @@ class KSchedule:
       promotion: elements of K (a multiple of ``k_tile``) accumulated in the tensor core before
         the accumulator is added into a float32 total that starts at +0 (0: no promotion).
       reduction: how slice partials combine in float32: "sequential" (((p0 + p1) + p2) + ...),
-        "pairwise" (adjacent pairs, then pairs of pairs: a Triton reduction), or "shuffle" (XLA's
-        GPU reduction emitter: 32 lanes, lane j adds partials j, j + 32, ... in order onto +0,
-        then lane j adds lane j + h for h = 16, 8, 4, 2, 1, a warp shuffle-down tree).
+        "pairwise" (adjacent pairs, then pairs of pairs: a Triton reduction, see
+        ``reduce_threads``), or "shuffle" (XLA's GPU reduction emitter: 32 lanes, lane j adds
+        partials j, j + 32, ... in order onto +0, then lane j adds lane j + h for h = 16, 8, 4,
+        2, 1, a warp shuffle-down tree).
+      reduce_threads, reduce_lanes: a Triton reduction spread over threads (pairwise only;
+        powers of two, lanes dividing threads; 1 and 0: one thread): the partials, padded with
+        +0 to a power of two, are dealt round-robin to T = ``reduce_threads`` threads (thread t
+        holds partials t, t + T, ...), each adds its own pairwise; thread t = w * L + l (L =
+        ``reduce_lanes`` lanes per warp, 0: all) adds lane l + h of its warp for h = L/2, ...,
+        1, then warp w adds warp w + h for h = T/(2L), ..., 1 (butterflies of the warps' shuffle
+        and shared-memory steps).
       partials: type the slice partials are stored in before they are added ("f32", or "f16" /
         "bf16": rounded to nearest even first, as cuBLAS's reduced-precision split-K does).
     """
@@ -64,6 +72,8 @@ class KSchedule:
     promotion: int = 0
     reduction: str = "sequential"
     partials: str = "f32"
+    reduce_threads: int = 1
+    reduce_lanes: int = 0
 
     def __post_init__(self):
         int_field(self, "k_tile", 0, None)
@@ -74,6 +84,15 @@ class KSchedule:
         int_field(self, "promotion", 0, None)
         choice_field(self, "reduction", REDUCTIONS)
         choice_field(self, "partials", PARTIALS)
+        int_field(self, "reduce_threads", 1, None)
+        int_field(self, "reduce_lanes", 0, None, "; 0: all threads")
+        T, L = self.reduce_threads, self.reduce_lanes or self.reduce_threads
+        if T & (T - 1) or L & (L - 1) or T % L:
+            raise ValueError(f"KSchedule.reduce_threads={T} and reduce_lanes={self.reduce_lanes} must be powers of "
+                             "two, the lanes dividing the threads")
+        if T > 1 and self.reduction != "pairwise":
+            raise ValueError(f"KSchedule.reduce_threads={T} needs reduction='pairwise' (a Triton reduction), "
+                             f"got {self.reduction!r}")
         if self.promotion and self.k_tile and self.promotion % self.k_tile:
             raise ValueError(f"KSchedule.promotion={self.promotion} must be a multiple of k_tile={self.k_tile}")
 
@@ -103,7 +122,9 @@ class KSchedule:
         if self.promotion:
             parts.append(f"promotion every {self.promotion}")
         if self.slices != 1:
-            parts.append(f"{self.reduction} reduction of {self.partials} partials")
+            parts.append(f"{self.reduction} reduction of {self.partials} partials"
+                         + (f" over {self.reduce_threads} threads, {self.reduce_lanes or self.reduce_threads} per warp"
+                            if self.reduce_threads > 1 else ""))
         return ", ".join(parts)
 
 
