@@ -163,6 +163,8 @@ def test_matmul_follows_schedule(sched, form, dt):
     k = int(form.split(".")[0].split("k")[1])
     if sched.k_tile % k or sched.promotion % max(k, sched.k_tile or k):
         pytest.skip("schedule does not fit this instruction")
+    if (sched.reduction == "shuffle" or sched.reduce_threads > 1) and k != 16:
+        pytest.skip("reduction trees do not depend on the instruction: f16 only (CI time)")
     rng = np.random.default_rng(abs(hash((sched, form))) % 2**32)
     M, N, K = 17, 8, 150
     a = (rng.standard_normal((M, K)) * 2.0 ** rng.integers(-6, 6, (M, K))).astype(dt)
