@@ -552,11 +552,7 @@ def _shuffle(parts, add):
     padded = jnp.concatenate([parts, jnp.zeros((rounds * W - S,) + parts.shape[1:], parts.dtype)])
     lanes = _fold(jnp.concatenate([jnp.zeros((1, W) + parts.shape[1:], parts.dtype),
                                    padded.reshape((rounds, W) + parts.shape[1:])]), add)
-    h = W // 2
-    while h:
-        lanes = add(lanes[:h], lanes[h:2 * h])
-        h //= 2
-    return lanes[0]
+    return _butterfly(lanes, 0, add)
 
 
 def _fold(parts, add):

@@ -199,10 +199,7 @@ class _Chains:
             for i in range(0, parts.shape[0], W):
                 chunk = parts[i:i + W]
                 lanes = lanes + np.concatenate([chunk, np.zeros((W - len(chunk),) + chunk.shape[1:], np.float32)])
-            while lanes.shape[0] > 1:
-                h = lanes.shape[0] // 2
-                lanes = lanes[:h] + lanes[h:]
-            return lanes[0]
+            return _butterfly(lanes, 0)
         T, L = sched.reduce_threads, sched.reduce_lanes or sched.reduce_threads
         if T > 1:  # padded to a power of two, thread t holds partials t, t + T, ...
             P = max(T, 1 << (parts.shape[0] - 1).bit_length())
@@ -215,13 +212,15 @@ class _Chains:
         parts = parts[0]
         if T == 1:
             return parts
-        parts = parts.reshape((T // L, L) + parts.shape[1:])
-        for axis in (1, 0):  # lanes, then warps
-            while parts.shape[axis] > 1:
-                h = parts.shape[axis] // 2
-                parts = np.take(parts, range(h), axis) + np.take(parts, range(h, 2 * h), axis)
-            parts = parts.squeeze(axis)
-        return parts
+        return _butterfly(_butterfly(parts.reshape((T // L, L) + parts.shape[1:]), 1), 0)  # lanes, then warps
+
+
+def _butterfly(x, axis: int):
+    """numpy float32 ``x`` summed over a power-of-two ``axis`` as ``gemm._butterfly`` does."""
+    while x.shape[axis] > 1:
+        h = x.shape[axis] // 2
+        x = np.take(x, range(h), axis) + np.take(x, range(h, 2 * h), axis)
+    return x.squeeze(axis)
 
 
 def _raw(x):
