@@ -824,6 +824,13 @@ def matmul(a, b, *, config: GemmConfig | None = None, key=None, **kwargs):
     out_shape = tuple(batch) + (a.shape[-2], b.shape[-1])
     if a.shape[-1] == 0 or 0 in out_shape:  # no products: D = +0, the chain's first C
         return jnp.zeros(out_shape, jnp.float32)
+    return _matmul(a, b, key, cfg)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _matmul(a, b, key, cfg: GemmConfig):
+    """:func:`matmul` on checked operands, compiled once per config and shapes: called eagerly,
+    a GEMM is one XLA program, not one dispatch (and one compile per new shape) per operation."""
     ins = cfg.ins
     if ins.scale_vec is not None:
         return _mm_block(a.astype(jnp.float32), b.astype(jnp.float32), cfg)
