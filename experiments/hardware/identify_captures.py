@@ -96,9 +96,7 @@ def one(job):
         if reproduces(cfg):
             row.update(config_dict(cfg), held_out=1.0, seconds=round(time.time() - t, 1), twin=twin["key"])
             return row
-    for fields in hinted(case):
-        ins = (f"m16n8k16.f32.{case['a']}.{case['b']}.f32" if case["a"] in ("f16", "bf16")
-               else f"wgmma.mma_async.sync.aligned.m64n8k32.f32.{case['a']}.{case['b']}")
+    for ins, fields in hinted(case):
         cfg = tcemu.GemmConfig(arch=arch, instruction=ins, schedule=tcemu.KSchedule(**fields))
         if reproduces(cfg):
             row.update(config_dict(cfg), held_out=1.0, seconds=round(time.time() - t, 1), hinted=True)
@@ -118,22 +116,32 @@ def one(job):
 
 
 def hinted(case):
-    """Schedules the kernel information points to: XLA's Triton split-K (S from the split dot's
-    shape, K padded to a multiple of S * 16 bytes, k-tiles of the fusion's block_k with the
-    residue last in each slice; the float32 partials reduced by a Triton reduction fusion
-    (pairwise, over threads, lanes and warps) or by XLA's reduction emitter (shuffle tree))."""
+    """(instruction, schedule fields) the kernel information points to: XLA's Triton split-K (S
+    from the split dot's shape, K padded to a multiple of S * 16 bytes, k-tiles of the fusion's
+    block_k with the residue last in each slice; the float32 partials reduced by a Triton
+    reduction fusion (pairwise, over threads, lanes and warps) or by XLA's reduction emitter
+    (shuffle tree)), or one chain for an unsplit Triton GEMM. fp8 Triton GEMMs with block_k below
+    32 (XLA's default tiling with the autotuner off) widen fp8 to f16 exactly and run the f16 MMA."""
     hlo = " ".join(case.get("hlo", []))
-    m = re.search(r"f32\[" + (r"\d+," if case["batch"] else "") + r"(\d+),\d+,\d+\]\{[\d,]+\} dot\(", hlo)
     bk = re.search(r'dot\(.*?"sizes":\["(\d+)"\]', hlo)
-    if not (m and bk):
+    if not bk:
         return []
+    fp8 = case["a"] in ("e4m3", "e5m2")
+    ins = (f"m16n8k16.f32.{case['a']}.{case['b']}.f32" if not fp8 and int(bk.group(1)) % 16 == 0
+           else f"wgmma.mma_async.sync.aligned.m64n8k32.f32.{case['a']}.{case['b']}" if int(bk.group(1)) % 32 == 0
+           else "m16n8k16.f32.f16.f16.f32" if fp8 and int(bk.group(1)) % 16 == 0 else None)
+    if ins is None:
+        return []
+    m = re.search(r"f32\[" + (r"\d+," if case["batch"] else "") + r"(\d+),\d+,\d+\]\{[\d,]+\} dot\(", hlo)
+    if not m:  # no split-K: one chain
+        return [(ins, {})] if "triton_gemm" in hlo or "__triton" in hlo else []
     align = 128 // min(8 if t in ("e4m3", "e5m2") else 16 for t in (case["a"], case["b"]))
     S = int(m.group(1))
     base = {"slices": S, "k_tile": int(bk.group(1)), "slice_align": align}
     reds = [{"reduction": "pairwise"}] + [{"reduction": "pairwise", "reduce_threads": T, "reduce_lanes": L}
                                           for T, L in _triton_trees(S)]
     reds = reds + [{"reduction": "shuffle"}] if '"kind":"__triton"}' in hlo else [{"reduction": "shuffle"}] + reds
-    return [base | r for r in reds + [{"reduction": "sequential"}]]
+    return [(ins, base | r) for r in reds + [{"reduction": "sequential"}]]
 
 
 def _hlo_kernels(hlo):

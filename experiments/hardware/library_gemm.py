@@ -4,7 +4,10 @@
     python experiments/hardware/library_gemm.py --lib torch --out OUTDIR [--grid held-out]
     python experiments/hardware/library_gemm.py --lib jax --out OUTDIR [--grid held-out]
 
-Writes ``OUTDIR/library_gemm_<gpu>_<lib>.npz`` (``..._heldout.npz`` for the held-out grid): per case ``<i>.d`` the output bits at the crop
+    XLA_FLAGS=--xla_gpu_autotune_level=0 python experiments/hardware/library_gemm.py --lib jax ...
+
+Writes ``OUTDIR/library_gemm_<gpu>_<lib>.npz`` (``..._heldout.npz`` for the held-out grid,
+``..._jax_autotune0...`` with XLA's autotuner off): per case ``<i>.d`` the output bits at the crop
 (``<i>.rows`` flat over batch*M, ``<i>.cols``) and ``meta``, a JSON list of the cases with the
 kernels that ran (torch profiler names; for jnp.dot the GEMM lines of XLA's optimised HLO, with
 the Triton tiling / split-K or cuBLAS algorithm XLA picked), whether two runs gave the same bits,
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -116,7 +120,7 @@ class Jax:
         import jaxlib
 
         return {"jax": self.jax.__version__, "jaxlib": jaxlib.__version__, "cublas": _cublas_version(),
-                "gpu": str(self.jax.devices()[0].device_kind)}
+                "gpu": str(self.jax.devices()[0].device_kind), "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}
 
     def run(self, case):
         jax, jnp = self.jax, self.jnp
@@ -155,6 +159,21 @@ def _cublas_version():
     return None
 
 
+def _xla_flags(args) -> dict:
+    """jnp.dot's flag in the case records: XLA's GEMM autotuner off (``XLA_FLAGS`` with
+    ``--xla_gpu_autotune_level=0``: XLA's default kernel choices, the same in every process).
+    With the autotuner on (the default) XLA times candidate kernels in each new process and may
+    pick another one, with other bits, in the next (``README.md``)."""
+    off = "--xla_gpu_autotune_level=0" in os.environ.get("XLA_FLAGS", "").split()
+    return {"xla_autotune": False} if args.lib == "jax" and off else {}
+
+
+def _key_prefix(args) -> str:
+    """Case keys: c0, c1, ...; a0, a1, ... for the autotuner-off captures (the table keys cases by
+    GPU, library and key)."""
+    return "a" if _xla_flags(args) else "c"
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--lib", choices=("torch", "jax"), required=True)
@@ -172,13 +191,14 @@ def main(argv=None):
     for i, case in enumerate(todo):
         rows, cols = G.crop(case)
         try:
+            case = dict(case, flags=case["flags"] | _xla_flags(args))
             bits, info = runner.run(case)
         except Exception as e:  # noqa: BLE001 - a library refusing a shape is a finding, recorded
             meta.append(dict(case, error=f"{type(e).__name__}: {str(e)[:300]}"))
             print(f"{i} {case['lib']} {case['M']}x{case['N']}x{case['K']} {case['a']}: {type(e).__name__}", flush=True)
             continue
         d = np.asarray(bits.cpu() if hasattr(bits, "cpu") else bits)
-        key = f"c{i}"
+        key = f"{_key_prefix(args)}{i}"
         arrays[f"{key}.d"] = d[np.ix_(rows, cols)].astype(G.OUT_STORAGE[case["out"]])
         arrays[f"{key}.rows"], arrays[f"{key}.cols"] = rows, cols
         meta.append(dict(case, key=key, **info))
@@ -191,8 +211,9 @@ def main(argv=None):
 
 def save(args, runner, arrays, meta, t0):
     header = {"versions": runner.versions(), "date": time.strftime("%Y-%m-%d"), "seconds": round(time.time() - t0, 1),
-              "command": f"python experiments/hardware/library_gemm.py --lib {args.lib} --out OUTDIR --grid {args.grid}"}
-    suffix = "" if args.grid == "table" else "_heldout"
+              "command": (f"XLA_FLAGS={os.environ['XLA_FLAGS']} " if _xla_flags(args) else "")
+              + f"python experiments/hardware/library_gemm.py --lib {args.lib} --out OUTDIR --grid {args.grid}"}
+    suffix = ("_autotune0" if _xla_flags(args) else "") + ("" if args.grid == "table" else "_heldout")
     out = Path(args.out) / f"library_gemm_{gpu_name()}_{args.lib}{suffix}.npz"
     np.savez_compressed(out, **arrays, meta=np.array(json.dumps({"header": header, "cases": meta})))
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB, {len(meta)} cases, {time.time() - t0:.0f} s)", flush=True)

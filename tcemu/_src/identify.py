@@ -53,11 +53,13 @@ class NoMatch(ValueError):
 
 def instructions(arch: str, a: str, b: str) -> list[str]:
     """The instructions whose numerics a kernel on ``arch`` may use for inputs ``a`` x ``b``
-    (the forms whose numerics differ: k16 and k8 HMMA, and for fp8 wgmma and mma.sync)."""
+    (the forms whose numerics differ: k16 and k8 HMMA; for fp8 wgmma, mma.sync, and the f16 HMMA
+    on inputs widened to f16 exactly, as XLA's Triton GEMMs with 16-element k-tiles run them)."""
     if a in ("f16", "bf16"):
         forms = [f"m16n8k16.f32.{a}.{b}.f32", f"m16n8k8.f32.{a}.{b}.f32"]
     else:
-        forms = [f"wgmma.mma_async.sync.aligned.m64n8k32.f32.{a}.{b}", f"m16n8k32.f32.{a}.{b}.f32"]
+        forms = [f"wgmma.mma_async.sync.aligned.m64n8k32.f32.{a}.{b}", f"m16n8k32.f32.{a}.{b}.f32",
+                 "m16n8k16.f32.f16.f16.f32"]
     out = []
     for f in forms:
         try:
@@ -228,6 +230,13 @@ def _raw(x):
     return x.view(np.uint16 if x.dtype.itemsize == 2 else np.uint8)
 
 
+def _widened(x, etype: str):
+    """``x`` in an instruction's input type ``etype`` (fp8 to f16 exactly; otherwise unchanged)."""
+    want = {"f16": np.float16, "bf16": ml_dtypes.bfloat16, "e4m3": ml_dtypes.float8_e4m3fn,
+            "e5m2": ml_dtypes.float8_e5m2}[etype]
+    return x if x.dtype == want else x.astype(want)
+
+
 def _signature(s: KSchedule, K: int, k: int):
     plan = s.plan(K, k)
     return plan.index.tobytes(), plan.index.shape, plan.valid.tobytes(), plan.group, \
@@ -299,7 +308,8 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
     fast = {}  # per instruction: per batch index, the chain evaluator (None: off the CPU kernel)
     for ins in ins_list:
         base = GemmConfig(arch=arch, instruction=ins)
-        fast[ins] = ({x: _Chains(base, _raw(A), _raw(B)) for x, B in Bs.items()} if _Chains.usable(base) else None)
+        fast[ins] = ({x: _Chains(base, _raw(_widened(A, base.ins.atype)), _raw(_widened(B, base.ins.btype))) for x, B in Bs.items()}
+                     if _Chains.usable(base) else None)
 
     def evaluate(ins, cfg, sel):
         """Per output of the rows ``sel``: whether ``cfg`` reproduces it (the chain evaluator

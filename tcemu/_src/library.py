@@ -30,8 +30,10 @@ from tcemu._src.gemm import GemmConfig
 from tcemu._src.schedule import KSchedule
 
 LIBRARIES = {"torch.mm": ("reduced_precision_reduction",), "torch.bmm": ("reduced_precision_reduction",),
-             "torch._scaled_mm": ("use_fast_accum",), "jnp.dot": ()}
-FLAG_DEFAULTS = {"reduced_precision_reduction": True, "use_fast_accum": False}  # torch's defaults
+             "torch._scaled_mm": ("use_fast_accum",), "jnp.dot": ("xla_autotune",)}
+# the libraries' defaults: torch's, and XLA's GEMM autotuner on (XLA_FLAGS without
+# --xla_gpu_autotune_level=0)
+FLAG_DEFAULTS = {"reduced_precision_reduction": True, "use_fast_accum": False, "xla_autotune": True}
 GPUS = ("H100", "H200")
 TYPES = ("f16", "bf16", "e4m3", "e5m2")
 OUTS = ("f32", "f16", "bf16")
@@ -104,8 +106,12 @@ def library_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, ba
     ``a``, ``b``: input types ("f16", "bf16", "e4m3", "e5m2" or dtypes); ``out``: "f32", "f16" or
     "bf16"; ``batch``: the batch size of a batched product (torch.bmm, batched jnp.dot). Flags:
     ``reduced_precision_reduction`` (torch.mm/bmm: torch's
-    ``allow_{fp16,bf16}_reduced_precision_reduction``, default True) and ``use_fast_accum``
-    (torch._scaled_mm, default False).
+    ``allow_{fp16,bf16}_reduced_precision_reduction``, default True), ``use_fast_accum``
+    (torch._scaled_mm, default False) and ``xla_autotune`` (jnp.dot: False for
+    ``XLA_FLAGS=--xla_gpu_autotune_level=0``; default True). With XLA's autotuner on, each new
+    process times candidate kernels and may pick another one: on the H100, 10 of 90 jnp.dot
+    shapes gave other bits in a second process. With it off XLA's choices, and bits, are the same
+    in every process, and the table reproduces every measured case.
     """
     if lib not in LIBRARIES:
         raise ValueError(f"library_config: lib must be one of {', '.join(LIBRARIES)}, got {lib!r}")
@@ -123,7 +129,7 @@ def library_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, ba
         if not isinstance(v, bool):
             raise TypeError(f"library_config: {f} must be True or False, got {v!r}")
     rows = [r for r in _table()[1] if r["lib"] == lib and r["arch"] == gpu and (r["a"], r["b"], r["out"]) == (a, b, out)
-            and r["flags"] == flags]
+            and {f: r["flags"].get(f, FLAG_DEFAULTS[f]) for f in LIBRARIES[lib]} == flags]
     if not rows:
         have = sorted({(r["a"], r["b"], r["out"]) for r in _table()[1] if r["lib"] == lib})
         raise ValueError(f"library_config: no measurements of {lib} with {a} x {b} -> {out}; measured: "
