@@ -98,6 +98,72 @@ def _distance(row, M, N, K, batch):
     return d + (bool(batch) != bool(row["batch"]))
 
 
+# XLA's split-K rewriter (jax 0.11.2 on Hopper; xla/backends/gpu/transforms/splitk_rewriter.cc): the
+# cost weights of compute, memory traffic and the reduction, and a kernel launch
+_XLA_WEIGHTS = (100.0, 0.194136, 193.1384, 4.36e7)
+_XLA_SPLITS = tuple(2 ** i for i in range(12))  # 1 .. 2048
+_XLA_SMS = 132  # H100 SXM and H200
+_BITS = {"f16": 16, "bf16": 16, "e4m3": 8, "e5m2": 8, "f32": 32}
+
+
+def xla_split_k(M: int, N: int, K: int, batch: int | None, a: str, b: str, out: str) -> int:
+    """The slice count XLA's split-K rewriter gives a dot when GEMM autotuning is off: the S in
+    1, 2, 4, ..., 2048 of least estimated cost (the smallest on a tie), where the cost is the
+    larger of compute (waves of 128 x 128 tiles over 132 SMs, times the K of a slice) and memory
+    traffic (operands, and the output or the float32 partials), plus a launch and the partials'
+    reduction when S > 1.
+
+    >>> xla_split_k(512, 512, 500, None, "f16", "f16", "f16")
+    4
+    """
+    wc, wm, wr, launch = _XLA_WEIGHTS
+    B = batch or 1
+    mt, nt = min(M, 128), min(N, 128)
+    best = None
+    for S in _XLA_SPLITS:
+        tiles = B * S * -(-M // 128) * -(-N // 128)
+        waves = max(1.0, tiles / (_XLA_SMS * (128 * 128) / (mt * nt)))
+        compute = 2 * mt * nt * -(-K // S) * waves * wc
+        memory = (M * K * B * _BITS[a] / 8 + N * K * B * _BITS[b] / 8 + M * N * B * S * (32 if S > 1 else _BITS[out]) / 8) * wm
+        cost = max(compute, memory)
+        if S > 1:
+            cost += launch + (B * S * M * N * 4 + B * M * N * _BITS[out] / 8) * wr
+        if best is None or cost < best[0]:
+            best = (cost, S)
+    return best[1]
+
+
+def _xla_occupancy(M: int, N: int, batch: int, out_bits: int) -> bool:
+    """Whether XLA's Triton tile search (autotuner off) is in occupancy mode: fewer than 660
+    CTAs (5 warps x 4 schedulers x 132 SMs / 4 warps) with the largest tile the registers allow.
+    It then runs 16 x 8 tiles with 16-element k-tiles, otherwise 64 x 32 tiles with 64."""
+    e = 65536 * 32 // out_bits
+    side = 1 << (math.isqrt(e).bit_length() - 1)
+    tm = min(side, 1 << (M - 1).bit_length())
+    tn = min(e // side, 1 << (N - 1).bit_length())
+    return batch * -(-M // tm) * -(-N // tn) < 660
+
+
+def _xla_autotune_off(gpu: str, M: int, N: int, K: int, batch: int | None, a: str, b: str, out: str) -> GemmConfig:
+    """jnp.dot with XLA's autotuner off, from XLA's own rules: split-K by :func:`xla_split_k`, K
+    padded to S x 16 bytes, slices in k-tiles of the Triton tiling's block_k; the float32 partials
+    reduced by XLA's loop emitter (in order) below 32 slices, by its reduction emitter (shuffle
+    tree) from 32. fp8 with 16-element k-tiles is widened to f16 exactly and runs the f16 MMA."""
+    S = xla_split_k(M, N, K, batch, a, b, out)
+    fused_out = 32 if S > 1 else _BITS[out]
+    block_k = 16 if _xla_occupancy(M, N, (batch or 1) * S, fused_out) else 64
+    if a in ("f16", "bf16"):
+        ins = f"m16n8k16.f32.{a}.{b}.f32"
+    else:
+        ins = "m16n8k16.f32.f16.f16.f32" if block_k < 32 else f"wgmma.mma_async.sync.aligned.m64n8k32.f32.{a}.{b}"
+    if S == 1:
+        return GemmConfig(arch=gpu, instruction=ins, schedule=KSchedule())
+    align = 128 // min(_BITS[a], _BITS[b])
+    return GemmConfig(arch=gpu, instruction=ins,
+                      schedule=KSchedule(slices=S, k_tile=block_k, slice_align=align,
+                                         reduction="sequential" if S < 32 else "shuffle"))
+
+
 def library_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, batch: int | None = None,
                    **flags) -> GemmConfig:
     """The :class:`GemmConfig` with which ``tcemu.matmul`` gives what ``lib`` returns on ``arch``.
@@ -128,6 +194,8 @@ def library_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, ba
     for f, v in flags.items():
         if not isinstance(v, bool):
             raise TypeError(f"library_config: {f} must be True or False, got {v!r}")
+    if lib == "jnp.dot" and not flags["xla_autotune"]:
+        return _xla_autotune_off(gpu, M, N, K, batch, a, b, out)
     rows = [r for r in _table()[1] if r["lib"] == lib and r["arch"] == gpu and (r["a"], r["b"], r["out"]) == (a, b, out)
             and {f: r["flags"].get(f, FLAG_DEFAULTS[f]) for f in LIBRARIES[lib]} == flags]
     if not rows:
