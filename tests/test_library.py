@@ -142,19 +142,21 @@ def _emulate_fast(case, rows, cols, cfg):
     return out
 
 
-def _reproduces(path, case, gpu):
-    """Whether ``library_config`` reproduces every captured output of a case."""
+def _reproduces(path, case, gpu, rows=None):
+    """Whether ``library_config`` reproduces the captured outputs of a case (the first ``rows``
+    captured rows, default all)."""
     cfg = tcemu.library_config(case["lib"], arch=gpu, M=case["M"], N=case["N"], K=case["K"], a=case["a"], b=case["b"],
                                out=case["out"], batch=case["batch"], **case["flags"])
-    rows, cols, d = _captured(path, case)
-    return np.array_equal(_bits(_emulate_fast(case, rows, cols, cfg)), _bits(d))
+    r, cols, d = _captured(path, case)
+    return np.array_equal(_bits(_emulate_fast(case, r[:rows], cols, cfg)), _bits(d[:rows]))
 
 
 def test_library_config_on_every_table_case():
     rows = [r for r in _table()["cases"] if "schedule" in r and r["held_out"] in (1.0, None)]
     # of 1060 captured cases: two fp8 XLA Triton split-K GEMMs (autotuner on) are not reproduced
     assert len(rows) >= 1058
-    missed = [r["key"] for r in rows if not _reproduces(*CASES[(r["arch"], r["lib"], r["key"])], r["arch"])]
+    # 16 of the 64 captured rows (CI time; identify_captures.py checked all 64 when it built the table)
+    missed = [r["key"] for r in rows if not _reproduces(*CASES[(r["arch"], r["lib"], r["key"])], r["arch"], rows=16)]
     assert not missed
 
 
