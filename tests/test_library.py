@@ -235,6 +235,7 @@ def test_library_config_nearest_shape_rule():
     (dict(use_fast_accum=True), TypeError, "torch.mm takes no flag use_fast_accum; its flags: reduced_precision"),
     (dict(reduced_precision_reduction="yes"), TypeError, "reduced_precision_reduction must be True or False"),
     (dict(lib="jnp.dot", xla_autotune=0), TypeError, "xla_autotune must be True or False"),
+    (dict(lib="jnp.dot", xla_autotune=False, b="bf16"), ValueError, "takes f16 x f16, bf16 x bf16 or fp8"),
     (dict(a="e5m2", b="e5m2"), ValueError, "no measurements of torch.mm with e5m2 x e5m2 -> f16"),
 ])
 def test_library_config_errors(kwargs, err, msg):

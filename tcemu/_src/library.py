@@ -4,7 +4,9 @@
 ``torch.mm`` / ``torch.bmm`` / ``torch._scaled_mm`` (cuBLAS) and ``jnp.dot`` (XLA) outputs, the
 kernels that ran, and the configuration ``tcemu.identify`` found for each; library versions in
 ``library_versions()``). A shape outside the table takes the configuration of the nearest
-measured shape of the same library, GPU, types and flags. Split-K and its slice count follow
+measured shape of the same library, GPU, types and flags. ``jnp.dot`` with XLA's GEMM
+autotuner off (``xla_autotune=False``) is answered from XLA's own rules instead, for any shape
+(:func:`xla_split_k`). Otherwise, split-K and its slice count follow
 from how many output tiles there are to fill the GPU and from K, and cuBLAS runs CUTLASS 2
 kernels when a leading dimension (K of A, N of B and D) is not a multiple of 8 elements, so the
 distance is ``|log2(t / t')| + |log2(K / K')|`` with ``t`` the 128 x 128 output tiles times the
@@ -149,6 +151,9 @@ def _xla_autotune_off(gpu: str, M: int, N: int, K: int, batch: int | None, a: st
     padded to S x 16 bytes, slices in k-tiles of the Triton tiling's block_k; the float32 partials
     reduced by XLA's loop emitter (in order) below 32 slices, by its reduction emitter (shuffle
     tree) from 32. fp8 with 16-element k-tiles is widened to f16 exactly and runs the f16 MMA."""
+    if not (a == b in ("f16", "bf16") or {a, b} <= {"e4m3", "e5m2"}):
+        raise ValueError(f"library_config: jnp.dot with xla_autotune=False takes f16 x f16, bf16 x bf16 or fp8 "
+                         f"(e4m3, e5m2) inputs, got {a} x {b}")
     S = xla_split_k(M, N, K, batch, a, b, out)
     fused_out = 32 if S > 1 else _BITS[out]
     block_k = 16 if _xla_occupancy(M, N, (batch or 1) * S, fused_out) else 64
@@ -176,8 +181,8 @@ def library_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, ba
     (torch._scaled_mm, default False) and ``xla_autotune`` (jnp.dot: False for
     ``XLA_FLAGS=--xla_gpu_autotune_level=0``; default True). With XLA's autotuner on, each new
     process times candidate kernels and may pick another one: on the H100, 10 of 90 jnp.dot
-    shapes gave other bits in a second process. With it off XLA's choices, and bits, are the same
-    in every process, and the table reproduces every measured case.
+    shapes gave other bits in another process. With it off XLA's choices, and bits, are the same
+    in every process, and the answer follows XLA's rules for any shape (no table).
     """
     if lib not in LIBRARIES:
         raise ValueError(f"library_config: lib must be one of {', '.join(LIBRARIES)}, got {lib!r}")
