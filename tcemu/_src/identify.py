@@ -232,8 +232,7 @@ def _raw(x):
 
 def _widened(x, etype: str):
     """``x`` in an instruction's input type ``etype`` (fp8 to f16 exactly; otherwise unchanged)."""
-    want = {"f16": np.float16, "bf16": ml_dtypes.bfloat16, "e4m3": ml_dtypes.float8_e4m3fn,
-            "e5m2": ml_dtypes.float8_e5m2}[etype]
+    want = np.dtype(fm.VALUE_DTYPES[etype])
     return x if x.dtype == want else x.astype(want)
 
 

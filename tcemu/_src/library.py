@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tcemu._src import formats as fm
 from tcemu._src.gemm import GemmConfig
 from tcemu._src.schedule import KSchedule
 
@@ -105,7 +106,10 @@ def _distance(row, M, N, K, batch):
 _XLA_WEIGHTS = (100.0, 0.194136, 193.1384, 4.36e7)
 _XLA_SPLITS = tuple(2 ** i for i in range(12))  # 1 .. 2048
 _XLA_SMS = 132  # H100 SXM and H200
-_BITS = {"f16": 16, "bf16": 16, "e4m3": 8, "e5m2": 8, "f32": 32}
+
+
+def _bits(t: str) -> int:
+    return fm.FORMATS[t].storage_bits
 
 
 def xla_split_k(M: int, N: int, K: int, batch: int | None, a: str, b: str, out: str) -> int:
@@ -126,10 +130,10 @@ def xla_split_k(M: int, N: int, K: int, batch: int | None, a: str, b: str, out: 
         tiles = B * S * -(-M // 128) * -(-N // 128)
         waves = max(1.0, tiles / (_XLA_SMS * (128 * 128) / (mt * nt)))
         compute = 2 * mt * nt * -(-K // S) * waves * wc
-        memory = (M * K * B * _BITS[a] / 8 + N * K * B * _BITS[b] / 8 + M * N * B * S * (32 if S > 1 else _BITS[out]) / 8) * wm
+        memory = (M * K * B * _bits(a) / 8 + N * K * B * _bits(b) / 8 + M * N * B * S * (32 if S > 1 else _bits(out)) / 8) * wm
         cost = max(compute, memory)
         if S > 1:
-            cost += launch + (B * S * M * N * 4 + B * M * N * _BITS[out] / 8) * wr
+            cost += launch + (B * S * M * N * 4 + B * M * N * _bits(out) / 8) * wr
         if best is None or cost < best[0]:
             best = (cost, S)
     return best[1]
@@ -155,7 +159,7 @@ def _xla_autotune_off(gpu: str, M: int, N: int, K: int, batch: int | None, a: st
         raise ValueError(f"library_config: jnp.dot with xla_autotune=False takes f16 x f16, bf16 x bf16 or fp8 "
                          f"(e4m3, e5m2) inputs, got {a} x {b}")
     S = xla_split_k(M, N, K, batch, a, b, out)
-    fused_out = 32 if S > 1 else _BITS[out]
+    fused_out = 32 if S > 1 else _bits(out)
     block_k = 16 if _xla_occupancy(M, N, (batch or 1) * S, fused_out) else 64
     if a in ("f16", "bf16"):
         ins = f"m16n8k16.f32.{a}.{b}.f32"
@@ -163,7 +167,7 @@ def _xla_autotune_off(gpu: str, M: int, N: int, K: int, batch: int | None, a: st
         ins = "m16n8k16.f32.f16.f16.f32" if block_k < 32 else f"wgmma.mma_async.sync.aligned.m64n8k32.f32.{a}.{b}"
     if S == 1:
         return GemmConfig(arch=gpu, instruction=ins, schedule=KSchedule())
-    align = 128 // min(_BITS[a], _BITS[b])
+    align = 128 // min(_bits(a), _bits(b))
     return GemmConfig(arch=gpu, instruction=ins,
                       schedule=KSchedule(slices=S, k_tile=block_k, slice_align=align,
                                          reduction="sequential" if S < 32 else "shuffle"))
