@@ -166,11 +166,16 @@ def test_correctly_rounded_fma_chain():
     """BlockFMA(26, 1, rne, sticky) is an exact-then-RNE FMA per product (vs Fractions)."""
     fma = tcemu.BlockFMA(fraction_bits=26, block_size=1, rounding="rne", sticky=True)
     rng = np.random.default_rng(3)
-    for _ in range(200):
-        a, b = rng.standard_normal(2).astype(np.float16)
-        c = np.float32(rng.standard_normal() * 2.0 ** rng.integers(-20, 20))
-        want = X.round_to(Fr(float(a)) * Fr(float(b)) + Fr(float(c)), 23, -126, 127, "rne")
-        assert _fasi(fma, [a], [b], float(c)) == float(want)
+    n = 200
+    a, b = rng.standard_normal((2, n)).astype(np.float16)
+    c = (rng.standard_normal(n) * 2.0 ** rng.integers(-20, 20, n)).astype(np.float32)
+    d = engine.fused_dot(fm.to_bits(jnp.asarray(a)[:, None, None], "f16"), fm.F16,
+                         fm.to_bits(jnp.asarray(b)[:, None, None], "f16"), fm.F16,
+                         fm.to_bits(jnp.asarray(c)[:, None, None], "f32"), fm.F32, fma)
+    got = np.asarray(fm.from_bits(d, "f32")).ravel()
+    for i in range(n):
+        want = X.round_to(Fr(float(a[i])) * Fr(float(b[i])) + Fr(float(c[i])), 23, -126, 127, "rne")
+        assert got[i] == float(want), i
 
 
 @settings(max_examples=200, deadline=None)

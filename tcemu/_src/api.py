@@ -1,6 +1,8 @@
 """The public entry points: ``ptx`` (register level), ``mma`` (value level), ``regfile``."""
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -255,7 +257,8 @@ _JITS: dict = {}
 
 
 def _mma_jit(ins, arch, model):
-    key = (ins, arch, model)
+    # values do not depend on the fragment layouts or the spelling: one compilation for them all
+    key = (dataclasses.replace(ins, spelling="", alayout="row", blayout="col"), arch, model)
     if key not in _JITS:
         _JITS[key] = jax.jit(lambda A, B, C, k, SA, SB: mma_numerics.mma_bits_batched(
             ins, A, B, C, model, arch=arch, key=k, scale_a=SA, scale_b=SB))

@@ -18,6 +18,8 @@ Addresses are computed exactly as long as ``p``, ``stride`` and every offset fit
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -305,9 +307,7 @@ def put_matrix(mem, x, *, p: int = 0, layout: str = "row", stride: int | None = 
             v = (u[..., 0], u[..., 1])
         else:
             v = fm.to_bits(x, etype)
-    r, c = np.meshgrid(np.arange(x.shape[0]), np.arange(x.shape[1]), indexing="ij")
-    lead, inner = lead_inner(r, c, layout)
-    return write(mem, p, lead, inner, stride, v, bits)
+    return _matrix_io("put", tuple(x.shape), layout, bits, etype, _static(stride))(mem, _arg(p), _arg(stride), v)
 
 
 def get_matrix(mem, shape, etype: str, *, p: int = 0, layout: str = "row", stride: int | None = None):
@@ -321,9 +321,37 @@ def get_matrix(mem, shape, etype: str, *, p: int = 0, layout: str = "row", strid
     if rows < 1 or cols < 1:
         raise ValueError(f"{where}: shape must be positive, got {shape!r}")
     mem, bits, p, stride = _matrix_args(mem, (rows, cols), etype, p, layout, stride, where)
-    r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+    return _matrix_io("get", (rows, cols), layout, bits, etype, _static(stride))(mem, _arg(p), _arg(stride), None)
+
+
+def _arg(x):
+    """A checked concrete address or stride as an int32 argument (traced ones pass as they are)."""
+    return np.int32(x) if isinstance(x, int) else x
+
+
+def _static(stride):
+    return stride if isinstance(stride, int) else None
+
+
+@functools.lru_cache(maxsize=None)
+def _matrix_io(op, shape, layout, bits, etype, static):
+    """put_matrix's write / get_matrix's read of one shape, compiled once (eager calls would
+    otherwise compile every primitive); a concrete stride is ``static``, a traced one (None) an
+    argument."""
+    r, c = np.meshgrid(np.arange(shape[0]), np.arange(shape[1]), indexing="ij")
     lead, inner = lead_inner(r, c, layout)
-    v = read(mem, p, lead, inner, stride, bits)
+
+    def run(mem, p, s, v):
+        s = s if static is None else static
+        if op == "put":
+            return write(mem, p, lead, inner, s, v, bits)
+        return _typed(read(mem, p, lead, inner, s, bits), bits, etype)
+
+    return jax.jit(run)
+
+
+def _typed(v, bits, etype):
+    """get_matrix's values from the read words."""
     if bits == 64:
         return jax.lax.bitcast_convert_type(jnp.stack(v, -1), jnp.float64)
     if etype in ("s8", "s4"):
