@@ -307,7 +307,7 @@ def put_matrix(mem, x, *, p: int = 0, layout: str = "row", stride: int | None = 
             v = (u[..., 0], u[..., 1])
         else:
             v = fm.to_bits(x, etype)
-    return _matrix_io("put", tuple(x.shape), layout, bits, etype, _static(stride))(mem, _arg(p), _arg(stride), v)
+    return _writer(tuple(x.shape), layout, bits, _static(stride))(mem, _arg(p), _arg(stride), v)
 
 
 def get_matrix(mem, shape, etype: str, *, p: int = 0, layout: str = "row", stride: int | None = None):
@@ -321,7 +321,7 @@ def get_matrix(mem, shape, etype: str, *, p: int = 0, layout: str = "row", strid
     if rows < 1 or cols < 1:
         raise ValueError(f"{where}: shape must be positive, got {shape!r}")
     mem, bits, p, stride = _matrix_args(mem, (rows, cols), etype, p, layout, stride, where)
-    return _matrix_io("get", (rows, cols), layout, bits, etype, _static(stride))(mem, _arg(p), _arg(stride), None)
+    return _reader((rows, cols), layout, bits, _static(stride), etype)(mem, _arg(p), _arg(stride))
 
 
 def _arg(x):
@@ -330,24 +330,28 @@ def _arg(x):
 
 
 def _static(stride):
+    """A concrete stride (compiled in), or None for a traced one (passed as an argument)."""
     return stride if isinstance(stride, int) else None
 
 
+# put_matrix's write and get_matrix's read, compiled once per shape (eager calls would otherwise
+# compile every primitive)
 @functools.lru_cache(maxsize=None)
-def _matrix_io(op, shape, layout, bits, etype, static):
-    """put_matrix's write / get_matrix's read of one shape, compiled once (eager calls would
-    otherwise compile every primitive); a concrete stride is ``static``, a traced one (None) an
-    argument."""
+def _indices(shape, layout):
     r, c = np.meshgrid(np.arange(shape[0]), np.arange(shape[1]), indexing="ij")
-    lead, inner = lead_inner(r, c, layout)
+    return lead_inner(r, c, layout)
 
-    def run(mem, p, s, v):
-        s = s if static is None else static
-        if op == "put":
-            return write(mem, p, lead, inner, s, v, bits)
-        return _typed(read(mem, p, lead, inner, s, bits), bits, etype)
 
-    return jax.jit(run)
+@functools.lru_cache(maxsize=None)
+def _writer(shape, layout, bits, static):
+    lead, inner = _indices(shape, layout)
+    return jax.jit(lambda mem, p, s, v: write(mem, p, lead, inner, s if static is None else static, v, bits))
+
+
+@functools.lru_cache(maxsize=None)
+def _reader(shape, layout, bits, static, etype):
+    lead, inner = _indices(shape, layout)
+    return jax.jit(lambda mem, p, s: _typed(read(mem, p, lead, inner, s if static is None else static, bits), bits, etype))
 
 
 def _typed(v, bits, etype):
