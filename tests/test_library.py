@@ -83,6 +83,40 @@ def test_identify_reproduces_held_out_rows(gpu, lib, M, N, K, a, out, flags):
     assert np.array_equal(_bits(got), _bits(d[32:])), cfg
 
 
+# 16-bit outputs whose 32 rows also fit a wrong schedule that the search meets first, unless it
+# tries the kernel family the library runs at that shape first (cuBLAS: CUTLASS 2 when K or N is
+# not a multiple of 8, nvjet with k16 numerics otherwise); held-out shapes, not in the table
+LIBRARY_HINT = [
+    ("H100", "torch.mm", 250, 750, 1500, "bf16", "bf16", {"reduced_precision_reduction": False}),  # CUTLASS 2 split-K
+    ("H200", "torch.mm", 640, 640, 999, "f16", "f16", {"reduced_precision_reduction": False}),  # CUTLASS 2 split-K, k8
+    ("H100", "torch.mm", 96, 96, 8192, "bf16", "bf16", {"reduced_precision_reduction": False}),  # nvjet split-K
+]
+
+
+@pytest.mark.parametrize("gpu,lib,M,N,K,a,out,flags", LIBRARY_HINT,
+                         ids=[f"{g}-{lib}-{M}x{N}x{K}-{a}-{o}" for g, lib, M, N, K, a, o, _ in LIBRARY_HINT])
+def test_identify_with_the_library_reproduces_held_out_rows(gpu, lib, M, N, K, a, out, flags):
+    path, case = _find(gpu, lib, M, N, K, a, out, cases=HELD_OUT_CASES, **flags)
+    rows, cols, d = _captured(path, case)
+    A, _, bs = IC.crop_operands(case, rows, cols)
+    cfg = tcemu.identify(A[:32], bs[0], d[:32], arch=gpu, library=lib)
+    got = np.asarray(tcemu.matmul(A[32:], bs[0], config=cfg)).astype(d.dtype)
+    assert np.array_equal(_bits(got), _bits(d[32:])), cfg
+
+
+@pytest.mark.parametrize("prefer", ["nvjet", "cutlass"])
+def test_schedules_prefer_only_reorders(prefer):
+    from tcemu._src.identify import schedules
+    plain = list(schedules(999, 16, "f16", "f16", "f16"))
+    ordered = list(schedules(999, 16, "f16", "f16", "f16", prefer))
+    assert {s for _, s in ordered} == {s for _, s in plain}
+    early = [s for st, s in ordered if 0 < st < 1]
+    assert early and all(s.slices > 1 and (s.residue == "first") == (prefer == "cutlass") for s in early)
+    assert ordered[0][1].residue == ("first" if prefer == "cutlass" else "last")
+    with pytest.raises(ValueError, match="prefer must be None, 'nvjet' or 'cutlass'"):
+        list(schedules(999, 16, "f16", "f16", "f16", "cublas"))
+
+
 def _table():
     return json.loads((ROOT / "tcemu" / "_src" / "data" / "library_gemm.json").read_text())
 
@@ -256,6 +290,8 @@ def test_identify_errors_and_no_match():
     with pytest.raises(tcemu.NoMatch, match="closest") as e:
         tcemu.identify(a, b, d, arch="H100", candidates=[tcemu.KSchedule(), tcemu.KSchedule(slices=2)])
     assert e.value.closest[0][0] == 0.0
+    with pytest.raises(ValueError, match="library must be None or one of torch.mm, torch.bmm"):
+        tcemu.identify(a, b, np.zeros((4, 8), np.float32), arch="H100", library="cublas")
     bf = np.ones((32, 8), ml_dtypes.bfloat16)
     with pytest.raises(TypeError, match="d must have dtype"):
         tcemu.identify(a, bf, np.zeros((4, 8), np.int32), arch="H100")

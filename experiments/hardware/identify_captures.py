@@ -105,7 +105,8 @@ def one(job):
         row.update(closest=[], searched=False, seconds=round(time.time() - t, 1))
         return row
     try:
-        cfg = tcemu.identify(a, bs[int(bt[0])], d[seen], arch=arch, rows=n_seen, max_seconds=seconds)
+        cfg = tcemu.identify(a, bs[int(bt[0])], d[seen], arch=arch, rows=n_seen, library=case["lib"],
+                              max_seconds=seconds)
         row.update(config_dict(cfg), seen=int(seen.sum()))
         held = emulate(case, rows[~seen], cols, cfg).view(store) == d[~seen].view(store)
         row["held_out"] = float(held.mean()) if held.size else None

@@ -25,6 +25,7 @@ from tcemu._src import formats as fm
 from tcemu._src import native
 from tcemu._src.arch import resolve
 from tcemu._src.gemm import GemmConfig, _native_ok, matmul
+from tcemu._src.library import LIBRARIES
 from tcemu._src.numerics import mma as mma_numerics
 from tcemu._src.schedule import REDUCTIONS, SHUFFLE_LANES, KSchedule
 
@@ -70,7 +71,7 @@ def instructions(arch: str, a: str, b: str) -> list[str]:
     return out
 
 
-def schedules(K: int, k: int, a: str, b: str, out: str):
+def schedules(K: int, k: int, a: str, b: str, out: str, prefer: str | None = None):
     """Candidate K schedules for instructions of depth ``k``, in stages, most common first.
 
     Stage 0: one chain (residue last, or first with k-tiles of 64, 128, 32, 256 or k), for fp8
@@ -80,10 +81,16 @@ def schedules(K: int, k: int, a: str, b: str, out: str):
     k-tiles (CUTLASS 2); such slices with k-tiles of 16..256 and the residue last in each slice,
     added pairwise, by a shuffle tree or in order (XLA's Triton split-K pads K to a multiple of
     S * 16 bytes). Stage 2, per S, the rest: other k-tiles, residues, alignments, padding at the
-    start, partials in the output type. Yields (stage, KSchedule); the search tries stage by stage,
-    every instruction within a stage."""
+    start, partials in the output type. ``prefer`` ("nvjet" or "cutlass"): that family's forms,
+    for every S, come before the rest of stage 1 (stage 0.5), and for "cutlass" the one chain
+    with the residue first before the one with the residue last. Yields (stage, KSchedule); the
+    search tries stage by stage, every instruction within a stage."""
+    if prefer not in (None, "nvjet", "cutlass"):
+        raise ValueError(f"schedules: prefer must be None, 'nvjet' or 'cutlass', got {prefer!r}")
     tiles = [t for t in (64, 128, 32, 256) if t % k == 0]
     chains = [KSchedule()] + [KSchedule(k_tile=t, residue="first") for t in tiles + [k]]
+    if prefer == "cutlass":  # CUTLASS 2 mainloops run the partial k-tile first
+        chains = chains[1:] + chains[:1]
     promo = [0, 128] if a in ("e4m3", "e5m2") else [0]
     for p in promo:
         for s in chains:
@@ -93,14 +100,22 @@ def schedules(K: int, k: int, a: str, b: str, out: str):
     common = tiles[0] if tiles else k
     xla = 128 // min(_BITS[a], _BITS[b])  # elements in 16 bytes
     every_tile = sorted(set([k] + tiles + [t for t in (16, 32) if t % k == 0]))
-    for i, S in enumerate(SLICE_COUNTS):
-        if S > 2 and S * k > 2 * K:
-            break
-        for p in promo:  # cuBLAS nvjet
-            yield 1 + i / 1000, KSchedule(k_tile=common, slices=S, promotion=p)
-        for t in tiles[:3]:  # CUTLASS 2: slices of 16 bytes, residue first
-            for part in partials:
-                yield 1 + i / 1000, KSchedule(k_tile=t, residue="first", slices=S, slice_align=xla, partials=part)
+    counts = [S for S in SLICE_COUNTS if S <= 2 or S * k <= 2 * K]
+
+    def nvjet(S):  # cuBLAS nvjet: slices aligned to the k-tiles
+        return [KSchedule(k_tile=common, slices=S, promotion=p) for p in promo]
+
+    def cutlass(S):  # CUTLASS 2: slices of 16 bytes, residue first
+        return [KSchedule(k_tile=t, residue="first", slices=S, slice_align=xla, partials=part)
+                for t in tiles[:3] for part in partials]
+
+    if prefer is not None:
+        for i, S in enumerate(counts):
+            for sc in (nvjet if prefer == "nvjet" else cutlass)(S):
+                yield 0.5 + i / 1000, sc
+    for i, S in enumerate(counts):
+        for sc in nvjet(S) + cutlass(S):
+            yield 1 + i / 1000, sc
         for t in every_tile:  # XLA Triton
             for red in ("pairwise", "shuffle", "sequential"):
                 yield 1 + i / 1000, KSchedule(k_tile=t, slices=S, slice_align=xla, reduction=red)
@@ -242,8 +257,23 @@ def _signature(s: KSchedule, K: int, k: int):
         (s.reduction, s.reduce_threads, s.reduce_lanes) if plan.slices > 2 else "", s.partials if plan.slices > 1 else ""
 
 
+def _prefer(library, K: int, N: int, at: str, bt: str):
+    """The kernel family a library runs first, from the shape: cuBLAS (torch.mm, torch.bmm) runs
+    CUTLASS 2 kernels on 16-bit inputs when K or N is not a multiple of 8 elements, nvjet ones
+    otherwise (every capture of ``experiments/hardware/library_gemm.py``). nvjet kernels are
+    Hopper ``wgmma`` kernels: k16 numerics, never the k8 of CUTLASS 2's s1688 kernels. No
+    preference for the other libraries."""
+    if library is None:
+        return None
+    if library not in LIBRARIES:
+        raise ValueError(f"identify: library must be None or one of {', '.join(LIBRARIES)}, got {library!r}")
+    if library in ("torch.mm", "torch.bmm") and at in ("f16", "bf16") and bt in ("f16", "bf16"):
+        return "cutlass" if K % 8 or N % 8 else "nvjet"
+    return None
+
+
 def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction: str | None = None,
-             candidates=None, max_seconds: float = 600.0) -> GemmConfig:
+             candidates=None, library: str | None = None, max_seconds: float = 600.0) -> GemmConfig:
     """A :class:`GemmConfig` with which ``tcemu.matmul(a, b, config=cfg).astype(d.dtype)``
     equals ``d`` bit for bit.
 
@@ -254,7 +284,10 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
     of :func:`instructions` (or ``instruction``), or the given ``candidates`` (KSchedules). On
     the CPU backend candidates are checked through the CPU kernel's chains (no compile per
     candidate) and the one returned is confirmed through ``matmul``. 16-bit outputs carry less
-    evidence: more rows separate schedules that differ in a few outputs. Raises
+    evidence: more rows separate schedules that differ in a few outputs, and ``library`` (one of
+    :data:`tcemu.library_config`'s: "torch.mm", "torch.bmm", "torch._scaled_mm", "jnp.dot")
+    tries the kernel family that library runs at this shape first (cuBLAS: CUTLASS 2 forms
+    where K or N is not a multiple of 8, nvjet forms otherwise). Raises
     :class:`NoMatch` (a ValueError) listing the closest candidates when none matches.
     """
     a, b, d = np.asarray(a), np.asarray(b), np.asarray(d)
@@ -269,6 +302,7 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
         raise ValueError(f"identify: d must have shape {out_shape} (a @ b), got {d.shape}")
     resolve(arch)
     K = a.shape[-1]
+    prefer = _prefer(library, K, b.shape[-1], at, bt)
     if K == 0:
         raise ValueError("identify: K = 0 leaves nothing to identify")
     for name, v in (("rows", rows), ("cols", cols)):
@@ -329,7 +363,8 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
     if candidates is not None:
         todo = [(ins, sc) for sc in candidates for ins in ins_list]
     else:  # stage by stage, every instruction within a stage
-        staged = [(st, i, ins, sc) for i, ins in enumerate(ins_list) for st, sc in schedules(K, ks[ins], at, bt, ot)]
+        staged = [(st, i, ins, sc) for i, ins in enumerate(ins_list)
+                  for st, sc in schedules(K, ks[ins], at, bt, ot, None if prefer == "nvjet" and ks[ins] == 8 else prefer)]
         # instructions the chain evaluator covers first: the others cost a compile per candidate
         todo = [(ins, sc) for st, i, ins, sc in sorted(staged, key=lambda x: (fast[x[2]] is None, x[0], x[1]))]
     t0, tried, scores = time.time(), set(), []
