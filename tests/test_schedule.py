@@ -211,3 +211,15 @@ def test_schedule_must_fit_instruction():
         tcemu.GemmConfig(schedule={"k_tile": 64})
     with pytest.raises(TypeError, match="KSchedule has no field tile"):
         tcemu.KSchedule().replace(tile=3)
+
+
+@pytest.mark.parametrize("a,b,K,same", [
+    (tcemu.KSchedule(), tcemu.KSchedule(k_tile=64, residue="first"), 1024, True),   # no residue: the same instructions
+    (tcemu.KSchedule(), tcemu.KSchedule(k_tile=64, residue="first"), 1000, False),
+    (tcemu.KSchedule(k_tile=16, residue="first", slices=2), tcemu.KSchedule(k_tile=64, slices=2), 4096, True),
+    (tcemu.KSchedule(k_tile=64, slices=3), tcemu.KSchedule(k_tile=64, slices=3, partials="f16"), 4096, False),
+    (tcemu.KSchedule(k_tile=64, slices=3), tcemu.KSchedule(k_tile=64, slices=3, reduction="pairwise"), 4096, False),
+    (tcemu.KSchedule(k_tile=64, slices=4), tcemu.KSchedule(k_tile=64, slices=4, promotion=128), 4096, False),
+])
+def test_equivalent_schedules(a, b, K, same):
+    assert a.equivalent(b, K, 16) is same and b.equivalent(a, K, 16) is same

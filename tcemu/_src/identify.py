@@ -81,12 +81,12 @@ def schedules(K: int, k: int, a: str, b: str, out: str, prefer: str | None = Non
     k-tiles (CUTLASS 2); such slices with k-tiles of 16..256 and the residue last in each slice,
     added pairwise, by a shuffle tree or in order (XLA's Triton split-K pads K to a multiple of
     S * 16 bytes). Stage 2, per S, the rest: other k-tiles, residues, alignments, padding at the
-    start, partials in the output type. ``prefer`` ("nvjet" or "cutlass"): that family's forms,
+    start, partials in the output type. ``prefer`` ("nvjet", "cutlass" or "xla"): that family's forms,
     for every S, come before the rest of stage 1 (stage 0.5), and for "cutlass" the one chain
     with the residue first before the one with the residue last. Yields (stage, KSchedule); the
     search tries stage by stage, every instruction within a stage."""
-    if prefer not in (None, "nvjet", "cutlass"):
-        raise ValueError(f"schedules: prefer must be None, 'nvjet' or 'cutlass', got {prefer!r}")
+    if prefer not in (None, "nvjet", "cutlass", "xla"):
+        raise ValueError(f"schedules: prefer must be None, 'nvjet', 'cutlass' or 'xla', got {prefer!r}")
     tiles = [t for t in (64, 128, 32, 256) if t % k == 0]
     chains = [KSchedule()] + [KSchedule(k_tile=t, residue="first") for t in tiles + [k]]
     if prefer == "cutlass":  # CUTLASS 2 mainloops run the partial k-tile first
@@ -109,19 +109,21 @@ def schedules(K: int, k: int, a: str, b: str, out: str, prefer: str | None = Non
         return [KSchedule(k_tile=t, residue="first", slices=S, slice_align=xla, partials=part)
                 for t in tiles[:3] for part in partials]
 
+    def triton(S):  # XLA's split-K: equal slices of 16 bytes, its reductions of the partials
+        return [sc for t in every_tile
+                for sc in [KSchedule(k_tile=t, slices=S, slice_align=xla, reduction=red)
+                           for red in ("pairwise", "shuffle", "sequential")]
+                + [KSchedule(k_tile=t, slices=S, slice_align=xla, reduction="pairwise", reduce_threads=T,
+                             reduce_lanes=L) for T, L in _triton_trees(S)]]
+
+    families = {"nvjet": nvjet, "cutlass": cutlass, "xla": triton}
     if prefer is not None:
         for i, S in enumerate(counts):
-            for sc in (nvjet if prefer == "nvjet" else cutlass)(S):
+            for sc in families[prefer](S):
                 yield 0.5 + i / 1000, sc
     for i, S in enumerate(counts):
-        for sc in nvjet(S) + cutlass(S):
+        for sc in nvjet(S) + cutlass(S) + triton(S):
             yield 1 + i / 1000, sc
-        for t in every_tile:  # XLA Triton
-            for red in ("pairwise", "shuffle", "sequential"):
-                yield 1 + i / 1000, KSchedule(k_tile=t, slices=S, slice_align=xla, reduction=red)
-            for T, L in _triton_trees(S):
-                yield 1 + i / 1000, KSchedule(k_tile=t, slices=S, slice_align=xla, reduction="pairwise",
-                                              reduce_threads=T, reduce_lanes=L)
         for p in promo:
             for t in (x for x in every_tile if not p % x):
                 for res in ("last", "first"):
@@ -261,15 +263,16 @@ def _prefer(library, K: int, N: int, at: str, bt: str):
     """The kernel family a library runs first, from the shape: cuBLAS (torch.mm, torch.bmm) runs
     CUTLASS 2 kernels on 16-bit inputs when K or N is not a multiple of 8 elements, nvjet ones
     otherwise (every capture of ``experiments/hardware/library_gemm.py``). nvjet kernels are
-    Hopper ``wgmma`` kernels: k16 numerics, never the k8 of CUTLASS 2's s1688 kernels. No
-    preference for the other libraries."""
+    Hopper ``wgmma`` kernels: k16 numerics, never the k8 of CUTLASS 2's s1688 kernels. XLA
+    (jnp.dot) splits K itself, into equal slices of 16 bytes, also around its cuBLAS calls. No
+    preference for torch._scaled_mm."""
     if library is None:
         return None
     if library not in LIBRARIES:
         raise ValueError(f"identify: library must be None or one of {', '.join(LIBRARIES)}, got {library!r}")
     if library in ("torch.mm", "torch.bmm") and at in ("f16", "bf16") and bt in ("f16", "bf16"):
         return "cutlass" if K % 8 or N % 8 else "nvjet"
-    return None
+    return "xla" if library == "jnp.dot" else None
 
 
 def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction: str | None = None,
@@ -287,7 +290,7 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
     evidence: more rows separate schedules that differ in a few outputs, and ``library`` (one of
     :data:`tcemu.library_config`'s: "torch.mm", "torch.bmm", "torch._scaled_mm", "jnp.dot")
     tries the kernel family that library runs at this shape first (cuBLAS: CUTLASS 2 forms
-    where K or N is not a multiple of 8, nvjet forms otherwise). Raises
+    where K or N is not a multiple of 8, nvjet forms otherwise; XLA: its split-K forms). Raises
     :class:`NoMatch` (a ValueError) listing the closest candidates when none matches.
     """
     a, b, d = np.asarray(a), np.asarray(b), np.asarray(d)

@@ -4,7 +4,9 @@
 ``torch.mm`` / ``torch.bmm`` / ``torch._scaled_mm`` (cuBLAS) and ``jnp.dot`` (XLA) outputs, the
 kernels that ran, and the configuration ``tcemu.identify`` found for each; library versions in
 ``library_versions()``). A shape outside the table takes the configuration of the nearest
-measured shape of the same library, GPU, types and flags. ``jnp.dot`` with XLA's GEMM
+measured shape of the same library, GPU, types and flags, in its kernel family's own form (for
+cuBLAS: nvjet residue last, CUTLASS 2 residue first), where that form gives the same bits at the
+measured shape. ``jnp.dot`` with XLA's GEMM
 autotuner off (``xla_autotune=False``) is answered from XLA's own rules instead, for any shape
 (:func:`xla_split_k`). Otherwise, split-K and its slice count follow
 from how many output tiles there are to fill the GPU and from K, and cuBLAS runs CUTLASS 2
@@ -88,6 +90,30 @@ def _gpu(arch):
 def config_of(row: dict, gpu: str) -> GemmConfig:
     """The GemmConfig of a table row."""
     return GemmConfig(arch=gpu, instruction=row["instruction"], schedule=KSchedule(**row["schedule"]))
+
+
+def _kernel_form(row: dict, cfg: GemmConfig, K: int, N: int) -> GemmConfig:
+    """A cuBLAS row's configuration in its kernel family's own form, where that gives the row's
+    bits at its K: the schedule ``identify`` found can be another one that coincides at that K
+    (e.g. residue last where K is a multiple of the k-tile) and differs at the K asked for. nvjet
+    kernels run one chain in 64-wide k-tiles, residue last (split-K: slices aligned to the
+    k-tiles); CUTLASS 2 kernels run the partial k-tile first (split-K: slices of 16 bytes, the
+    residue first in each). cuBLAS runs CUTLASS 2 kernels where K or N is not a multiple of 8: such
+    a shape whose nearest row ran an unsplit nvjet kernel takes the CUTLASS 2 chain."""
+    names = " ".join(row["kernels"])
+    s, k = cfg.schedule, cfg.ins.k
+    if row["lib"] not in ("torch.mm", "torch.bmm") or s.promotion:
+        return cfg
+    if (K % 8 or N % 8) and "nvjet" in names and s.slices == 1:
+        return cfg.replace(schedule=KSchedule(k_tile=64, residue="first"))
+    if "nvjet" in names:
+        form = KSchedule(k_tile=64, slices=s.slices) if s.slices > 1 else KSchedule()
+    elif "cutlass" in names:
+        form = KSchedule(k_tile=64, residue="first", slices=s.slices, slice_align=8 if s.slices > 1 else 0,
+                         partials=s.partials)
+    else:
+        return cfg
+    return cfg.replace(schedule=form) if form.equivalent(s, row["K"], k) else cfg
 
 
 def _tiles(M, N, batch):
@@ -213,4 +239,4 @@ def library_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, ba
                          + ", ".join(f"{x} x {y} -> {z}" for x, y, z in have))
     best = min(rows, key=lambda r: (_distance(r, M, N, K, batch), abs(math.log2(M / r["M"])) + abs(math.log2(N / r["N"])),
                                     r["M"] * r["N"] * r["K"]))
-    return config_of(best, gpu)
+    return _kernel_form(best, config_of(best, gpu), K, N)

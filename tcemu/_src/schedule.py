@@ -111,6 +111,24 @@ class KSchedule:
         self.check(k)
         return _plan(self, int(K), int(k))
 
+    def equivalent(self, other: "KSchedule", K: int, k: int) -> bool:
+        """Whether ``other`` gives the same bits as this schedule at depth ``K`` with instructions of
+        depth ``k`` for every input: the same instructions on the same elements, promotion groups,
+        and (with slices) the same partial type and reduction order.
+
+        >>> KSchedule(k_tile=64, residue="first").equivalent(KSchedule(), 1024, 16)
+        True
+        """
+        a, b = self.plan(K, k), other.plan(K, k)
+        if a.index.shape != b.index.shape or not ((a.index == b.index).all() and (a.valid == b.valid).all()
+                                                  and a.group == b.group):
+            return False
+        if a.slices == 1:
+            return True
+        tree = (self.reduction, self.reduce_threads, self.reduce_lanes or self.reduce_threads)
+        return self.partials == other.partials and tree == (other.reduction, other.reduce_threads,
+                                                            other.reduce_lanes or other.reduce_threads)
+
     def describe(self) -> str:
         """One line naming the schedule."""
         parts = [f"k-tile {self.k_tile}, residue {self.residue}" if self.k_tile else
