@@ -166,7 +166,8 @@ def main(argv=None):
 def write(args, runner, rows, t0):
     missing = sum(not r["kernels"] for r in rows)
     header = {"versions": runner.versions(), "date": time.strftime("%Y-%m-%d"), "seconds": round(time.time() - t0, 1),
-              "command": "python experiments/hardware/cublas_choices.py --out OUTDIR" + (" --quick" if args.quick else ""),
+              "command": "python experiments/hardware/cublas_choices.py --out OUTDIR"
+              + (" --quick" if args.quick else ""),
               "cases without a kernel": missing}
     out = Path(args.out) / f"cublas_choices_{gpu_name()}.json"
     out.write_text(json.dumps({"header": header, "cases": rows}, separators=(",", ":")))

@@ -366,8 +366,9 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
     if candidates is not None:
         todo = [(ins, sc) for sc in candidates for ins in ins_list]
     else:  # stage by stage, every instruction within a stage
+        first = {ins: None if prefer == "nvjet" and ks[ins] == 8 else prefer for ins in ins_list}  # nvjet: k16 only
         staged = [(st, i, ins, sc) for i, ins in enumerate(ins_list)
-                  for st, sc in schedules(K, ks[ins], at, bt, ot, None if prefer == "nvjet" and ks[ins] == 8 else prefer)]
+                  for st, sc in schedules(K, ks[ins], at, bt, ot, first[ins])]
         # instructions the chain evaluator covers first: the others cost a compile per candidate
         todo = [(ins, sc) for st, i, ins, sc in sorted(staged, key=lambda x: (fast[x[2]] is None, x[0], x[1]))]
     t0, tried, scores = time.time(), set(), []
