@@ -2,6 +2,7 @@
 published feature tests of Fasi et al. (2021), and ml_dtypes' conversions."""
 from __future__ import annotations
 
+import math
 import os
 from fractions import Fraction as Fr
 from unittest import mock
@@ -258,6 +259,28 @@ def test_convert_matches_ml_dtypes(dst, dtype):
         want = x.astype(dtype)
     want = want.view({1: np.uint8, 2: np.uint16}[np.dtype(dtype).itemsize]).astype(np.uint32)
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("mode", ["rz", "rne", "rna"])
+def test_convert_f32_to_tf32_matches_exact_rounding(mode):
+    # binary32 bit patterns (normal, subnormal, near the top, specials) rounded to tf32's 10 fraction
+    # bits, against Fractions; NaN gives tf32's canonical NaN, an underflow keeps the sign
+    rng = np.random.default_rng(5)
+    x = rng.integers(0, 2 ** 32, 3000, dtype=np.uint64).astype(np.uint32)
+    x[:600] = (x[:600] & np.uint32(0x807FFFFF)) | (rng.integers(0, 3, 600).astype(np.uint32) << 23)  # subnormal
+    x[600:900] = (x[600:900] & np.uint32(0x807FFFFF)) | np.uint32(0x7F000000)  # the top binade
+    x[900:1200] = (x[900:1200] & np.uint32(0x80003FFF)) | np.uint32(0x3F800000) | np.uint32(0x1000)  # ties
+    x = np.concatenate([x, np.array([0, 0x80000000, 0x7F800000, 0xFF800000, 0x7F800001, 0xFFC00000, 0x7F7FFFFF,
+                                     0x7F7FF000, 0x7F7FEFFF, 1, 0x1000, 0x80001001], np.uint32)])
+    got = np.asarray(engine.convert(jnp.asarray(x), fm.F32, fm.TF32, mode))
+    for bits, out in zip(x.tolist(), got.tolist()):
+        v = X.value(bits, "f32")
+        if isinstance(v, float) and math.isnan(v):
+            assert out == fm.TF32.canonical_nan, hex(bits)
+            continue
+        q = v if isinstance(v, float) else X.round_to(v, 10, -126, 127, mode)
+        want = (bits & 0x80000000) if q == 0 else X.to_bits(q, "f32")
+        assert out == want, (hex(bits), hex(out), hex(want))
 
 
 def test_stochastic_rounding_is_unbiased_and_keyed():
