@@ -34,7 +34,7 @@ SCRIPT = textwrap.dedent(r"""
         got = mm(A, B)
         hlo = mm.lower(A, B).compile().as_text()
         out[name] = dict(same=same(got, ref), spec=str(got.sharding.spec),
-                         kernels=re.findall(r"u32\[1,(\d+),(\d+)\]\{[0-9,]*\} custom-call", hlo))
+                         kernels=re.findall(r"f32\[1,(\d+),(\d+)\]\{[0-9,]*\} custom-call", hlo))
     a3 = rng.standard_normal((4, 16, 32)).astype(np.float32)
     b3 = rng.standard_normal((4, 32, 16)).astype(np.float32)
     got = mm(put(a3, P("d")), put(b3, P("d")))

@@ -226,12 +226,15 @@ def chains(a_bits, b_bits, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, model, *,
                  subnormals=int(model.subnormal_outputs), overflow_ieee=int(model.overflow == "ieee"),
                  flush_c=int(not model.subnormal_inputs), a_format=_format(afmt), b_format=_format(bfmt), **has,
                  scale_block=scale_block if scaled else 0, threads=_threads())
-    call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct(batch + (K // chain_k, M, N), jnp.uint32),
+    # the words travel typed float32: XLA cancels a bitcast from float32 and back (no copy)
+    words = lambda x: jax.lax.bitcast_convert_type(x.astype(jnp.uint32), jnp.float32)  # noqa: E731
+    call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct(batch + (K // chain_k, M, N), jnp.float32),
                             vmap_method="broadcast_all")
-    return call(jnp.asarray(lens, jnp.int32), full(a_bits, a_exp), full(b_bits, b_exp),
-                full(None if a_exp is None else a_exp.astype(jnp.int32), a_bits),
-                full(None if b_exp is None else b_exp.astype(jnp.int32), b_bits), full(c),
-                **{name: np.int64(v) for name, v in attrs.items()})
+    out = call(jnp.asarray(lens, jnp.int32), words(full(a_bits, a_exp)), words(full(b_bits, b_exp)),
+               full(None if a_exp is None else a_exp.astype(jnp.int32), a_bits),
+               full(None if b_exp is None else b_exp.astype(jnp.int32), b_bits), words(full(c)),
+               **{name: np.int64(v) for name, v in attrs.items()})
+    return jax.lax.bitcast_convert_type(out, jnp.uint32)
 
 
 def grouped_chains(a_bits, b_bits, sa: fm.Scale, sb: fm.Scale, model, *, k: int, chain_k: int, lens):

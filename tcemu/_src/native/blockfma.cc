@@ -1000,9 +1000,11 @@ int64_t batch_stride(size_t count, int64_t per, int64_t batch) {
   return (int64_t)count % per || n < 1 || batch % n ? -1 : batch / n;
 }
 
-ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::U32> a, ffi::Buffer<ffi::U32> b,
-                  ffi::Buffer<ffi::S32> a_exp, ffi::Buffer<ffi::S32> b_exp, ffi::Buffer<ffi::U32> c,
-                  ffi::ResultBuffer<ffi::U32> out, int64_t chain_k, int64_t block, int64_t F, int64_t group,
+// a, b, c and out are 32-bit words typed float32: the caller's bitcasts from and to float32
+// arrays then cancel in XLA (no copies); the kernel reads and writes them as bit patterns.
+ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
+                  ffi::Buffer<ffi::S32> a_exp, ffi::Buffer<ffi::S32> b_exp, ffi::Buffer<ffi::F32> c,
+                  ffi::ResultBuffer<ffi::F32> out, int64_t chain_k, int64_t block, int64_t F, int64_t group,
                   int64_t kind, int64_t ab_shift, int64_t zero_policy, int64_t zero_exp, int64_t has_min_exp,
                   int64_t min_exp, int64_t mode, int64_t p, int64_t subnormals, int64_t overflow_ieee,
                   int64_t flush_c, int64_t a_format, int64_t b_format, int64_t has_c, int64_t has_a_exp,
@@ -1039,9 +1041,11 @@ ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::U32> a, ffi::Buff
   int64_t T = threads < 1 ? 1 : threads;
   if (batch * MN * P.K < kThreadsFrom) T = 1;  // small calls: threads cost more than they save
   if (T > units) T = units;
-  const Operands O{lens.typed_data(), a.typed_data(), b.typed_data(), has_c != 0 ? c.typed_data() : nullptr,
-                   has_ae ? a_exp.typed_data() : nullptr, has_be ? b_exp.typed_data() : nullptr};
-  uint32_t* o = out->typed_data();
+  auto words = [](const float* x) { return reinterpret_cast<const uint32_t*>(x); };
+  const Operands O{lens.typed_data(), words(a.typed_data()), words(b.typed_data()),
+                   has_c != 0 ? words(c.typed_data()) : nullptr, has_ae ? a_exp.typed_data() : nullptr,
+                   has_be ? b_exp.typed_data() : nullptr};
+  uint32_t* o = reinterpret_cast<uint32_t*>(out->typed_data());
   // one entry of A for the whole batch (a GEMM): decoded once, read by every thread
   DecodedA shared;
   const bool share = S.a == batch && T > 1;
@@ -1068,12 +1072,12 @@ ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::U32> a, ffi::Buff
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tcemu_blockfma_chains, Chains,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::U32>>()
-                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::U32>>()
-                                  .Ret<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("chain_k")
                                   .Attr<int64_t>("block")
                                   .Attr<int64_t>("F")
