@@ -25,7 +25,7 @@ from tcemu._src import formats as fm
 from tcemu._src import native
 from tcemu._src.arch import resolve
 from tcemu._src.gemm import GemmConfig, _native_ok, matmul
-from tcemu._src.library import LIBRARIES
+from tcemu._src.library import LIBRARIES, cublas_family
 from tcemu._src.numerics import mma as mma_numerics
 from tcemu._src.schedule import REDUCTIONS, SHUFFLE_LANES, KSchedule
 
@@ -35,6 +35,7 @@ OUTPUT_TYPES = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", np.dty
 _NUMPY = {"f16": np.float16, "bf16": ml_dtypes.bfloat16}
 _BITS = {"f16": 16, "bf16": 16, "e4m3": 8, "e5m2": 8}
 SLICE_COUNTS = tuple(range(2, 33)) + (40, 48, 56, 64, 96, 128)
+FAMILIES = ("nvjet", "cutlass", "xla")  # the split-K forms schedules() can put first
 
 
 def _triton_trees(S: int):
@@ -85,8 +86,9 @@ def schedules(K: int, k: int, a: str, b: str, out: str, prefer: str | None = Non
     for every S, come before the rest of stage 1 (stage 0.5), and for "cutlass" the one chain
     with the residue first before the one with the residue last. Yields (stage, KSchedule); the
     search tries stage by stage, every instruction within a stage."""
-    if prefer not in (None, "nvjet", "cutlass", "xla"):
-        raise ValueError(f"schedules: prefer must be None, 'nvjet', 'cutlass' or 'xla', got {prefer!r}")
+    if prefer is not None and prefer not in FAMILIES:
+        names = ", ".join(map(repr, FAMILIES[:-1])) + f" or {FAMILIES[-1]!r}"
+        raise ValueError(f"schedules: prefer must be None, {names}, got {prefer!r}")
     tiles = [t for t in (64, 128, 32, 256) if t % k == 0]
     chains = [KSchedule()] + [KSchedule(k_tile=t, residue="first") for t in tiles + [k]]
     if prefer == "cutlass":  # CUTLASS 2 mainloops run the partial k-tile first
@@ -116,10 +118,10 @@ def schedules(K: int, k: int, a: str, b: str, out: str, prefer: str | None = Non
                 + [KSchedule(k_tile=t, slices=S, slice_align=xla, reduction="pairwise", reduce_threads=T,
                              reduce_lanes=L) for T, L in _triton_trees(S)]]
 
-    families = {"nvjet": nvjet, "cutlass": cutlass, "xla": triton}
     if prefer is not None:
+        family = dict(zip(FAMILIES, (nvjet, cutlass, triton)))[prefer]
         for i, S in enumerate(counts):
-            for sc in families[prefer](S):
+            for sc in family(S):
                 yield 0.5 + i / 1000, sc
     for i, S in enumerate(counts):
         for sc in nvjet(S) + cutlass(S) + triton(S):
@@ -260,9 +262,8 @@ def _signature(s: KSchedule, K: int, k: int):
 
 
 def _prefer(library, K: int, N: int, at: str, bt: str):
-    """The kernel family a library runs first, from the shape: cuBLAS (torch.mm, torch.bmm) runs
-    CUTLASS 2 kernels on 16-bit inputs when K or N is not a multiple of 8 elements, nvjet ones
-    otherwise (every capture of ``experiments/hardware/library_gemm.py``). nvjet kernels are
+    """The kernel family a library runs first, from the shape: cuBLAS (torch.mm, torch.bmm) on
+    16-bit inputs :func:`~tcemu._src.library.cublas_family`. nvjet kernels are
     Hopper ``wgmma`` kernels: k16 numerics, never the k8 of CUTLASS 2's s1688 kernels. XLA
     (jnp.dot) splits K itself, into equal slices of 16 bytes, also around its cuBLAS calls. No
     preference for torch._scaled_mm."""
@@ -271,7 +272,7 @@ def _prefer(library, K: int, N: int, at: str, bt: str):
     if library not in LIBRARIES:
         raise ValueError(f"identify: library must be None or one of {', '.join(LIBRARIES)}, got {library!r}")
     if library in ("torch.mm", "torch.bmm") and at in ("f16", "bf16") and bt in ("f16", "bf16"):
-        return "cutlass" if K % 8 or N % 8 else "nvjet"
+        return cublas_family(K, N)
     return "xla" if library == "jnp.dot" else None
 
 

@@ -92,6 +92,13 @@ def config_of(row: dict, gpu: str) -> GemmConfig:
     return GemmConfig(arch=gpu, instruction=row["instruction"], schedule=KSchedule(**row["schedule"]))
 
 
+def cublas_family(K: int, N: int) -> str:
+    """The kernel family cuBLAS runs for 16-bit ``torch.mm`` / ``torch.bmm``: "cutlass" (CUTLASS 2)
+    when a leading dimension (K of A, N of B and D) is not a multiple of 8 elements, else "nvjet"
+    (every capture of ``experiments/hardware/library_gemm.py``)."""
+    return "cutlass" if K % 8 or N % 8 else "nvjet"
+
+
 def _kernel_form(row: dict, cfg: GemmConfig, K: int, N: int) -> GemmConfig:
     """A cuBLAS row's configuration in its kernel family's own form, where that gives the row's
     bits at its K: the schedule ``identify`` found can be another one that coincides at that K
@@ -104,7 +111,7 @@ def _kernel_form(row: dict, cfg: GemmConfig, K: int, N: int) -> GemmConfig:
     s, k = cfg.schedule, cfg.ins.k
     if row["lib"] not in ("torch.mm", "torch.bmm") or s.promotion:
         return cfg
-    if (K % 8 or N % 8) and "nvjet" in names and s.slices == 1:
+    if cublas_family(K, N) == "cutlass" and "nvjet" in names and s.slices == 1:
         return cfg.replace(schedule=KSchedule(k_tile=64, residue="first"))
     if "nvjet" in names:
         form = KSchedule(k_tile=64, slices=s.slices) if s.slices > 1 else KSchedule()
