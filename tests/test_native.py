@@ -1,5 +1,7 @@
-"""The compiled CPU kernel (tcemu/_src/native) against the pure-JAX engine it replaces: the same
-GEMM bits for every instruction family, K schedule, model option and special value it covers.
+"""The compiled kernels (tcemu/_src/native) against the pure-JAX engine they replace: the same
+GEMM bits for every instruction family, K schedule, model option and special value they cover.
+On the CPU backend this tests blockfma.cc; on a CUDA backend (with nvcc) blockfma_gpu.cu, which
+runs GEMMs only (no single MMAs, no grouped fp4: those tests are skipped there).
 
 The pure-JAX path is itself checked against hardware captures and exact arithmetic elsewhere
 (test_gemm, test_library, test_engine_exact); with the kernel on, those tests also run through it.
@@ -20,8 +22,10 @@ from tcemu._src import gemm, native
 from tcemu._src.arch import resolve
 from tcemu._src.numerics import mma as mma_numerics
 
-pytestmark = [pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler: the kernel cannot be built"),
-              pytest.mark.skipif(jax.default_backend() != "cpu", reason="the kernel is for the CPU backend")]
+_CPU = jax.default_backend() == "cpu"
+pytestmark = [pytest.mark.skipif(not (shutil.which("c++") if _CPU else native._gpu() and native._nvcc()),
+                                 reason="no compiler for this backend's kernel (c++ on CPUs, nvcc on CUDA GPUs)")]
+cpu_only = pytest.mark.skipif(not _CPU, reason="the GPU kernel runs GEMMs only, without grouped fp4")
 
 H100_F16 = "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16"
 H100_BF16 = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
@@ -88,8 +92,8 @@ def _check(monkeypatch, cfg, a, b, scales=None):
 
 
 def test_kernel_builds_here():
-    """Where a C++ compiler exists, the kernel builds, registers and is used on the CPU."""
-    assert native.available()
+    """Where the backend's compiler exists, its kernel builds and registers."""
+    assert native.available() if _CPU else native.available_gpu()
 
 
 FAMILIES = [("H100", H100_F16, "f16", "f16"), ("H100", H100_BF16, "bf16", "bf16"),
@@ -220,6 +224,7 @@ def _scales(rng, shape, stype, nan=False):
     return jnp.asarray(s)
 
 
+@cpu_only
 @pytest.mark.parametrize("kind,vec,stype", FP4_KINDS)
 def test_grouped_fp4_equal_engine(monkeypatch, kind, vec, stype):
     """kind::mxf4 / mxf4nvf4 (NVFP4, MXFP4): group sums, scale products, alignment by the scale
@@ -238,6 +243,7 @@ GROUPED_MODELS = [dict(rounding="rne"), dict(rounding="rd", fraction_bits=30), d
                   dict(subnormal_inputs=False, subnormal_outputs=False)]
 
 
+@cpu_only
 @pytest.mark.parametrize("changes", GROUPED_MODELS, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
 def test_grouped_model_options_equal_engine(monkeypatch, changes):
     rng = np.random.default_rng(17)
@@ -279,6 +285,7 @@ def _mma(ins, arch, setting, monkeypatch, *args, vmap=None):
     return np.asarray(jax.jit(jax.vmap(f, in_axes=vmap) if vmap else f)(*args))
 
 
+@cpu_only
 @pytest.mark.parametrize("arch,spelling,at,bt,ct", MMAS, ids=[f"{m[0]}-{m[1].split('.')[-4]}{i}" for i, m in
                                                              enumerate(MMAS)])
 def test_mma_equal_engine(monkeypatch, arch, spelling, at, bt, ct):
@@ -386,6 +393,7 @@ def test_wide_fast_finish_edges_equal_engine(monkeypatch):
     _check(monkeypatch, cfg, e4m3(x), e4m3(bmat))
 
 
+@cpu_only
 def test_mma_block_scales_per_block_equal_engine(monkeypatch):
     """kind::mxf8f6f4 MMAs pass one ue8m0 exponent per block to the kernel: scales at both ends
     of the range (values beyond float32's, read as significands) and NaN, against the engine."""
@@ -403,3 +411,20 @@ def test_mma_block_scales_per_block_equal_engine(monkeypatch):
     args = (a, b, c, jnp.asarray(sa), jnp.asarray(sb))
     want = _mma(ins, "sm_120", "0", monkeypatch, *args)
     np.testing.assert_array_equal(_mma(ins, "sm_120", "1", monkeypatch, *args), want)
+
+
+def test_gpu_kernel_dispatch_rule(monkeypatch):
+    """On a CUDA backend the GPU kernel runs GEMMs (not single MMAs) of models the CPU kernel covers,
+    with blocks of at most 32 products; grouped fp4 stays on the engine."""
+    monkeypatch.setattr(native, "_cpu", lambda: False)
+    monkeypatch.setattr(native, "_gpu", lambda: True)
+    monkeypatch.setattr(native, "available_gpu", lambda: True)
+    cfg = tcemu.GemmConfig(arch="H100", instruction=H100_F16)
+    m, f16 = _model(cfg), fm.FORMATS["f16"]
+    assert native.use(m, f16, f16, 16, "f32", gemm=True)
+    assert not native.use(m, f16, f16, 16, "f32")  # single MMAs
+    assert native.use(m.replace(block_size=32), f16, f16, 64, "f32", gemm=True)
+    assert not native.use(m.replace(block_size=64), f16, f16, 64, "f32", gemm=True)
+    assert not native.use(m.replace(sticky=True), f16, f16, 16, "f32", gemm=True)
+    fp4 = tcemu.GemmConfig(arch="sm_120", instruction=SM120_FP4.format("mxf4nvf4", "4X", "ue4m3"))
+    assert not gemm._native_ok(fp4.ins, _model(fp4))

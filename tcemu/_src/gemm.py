@@ -319,11 +319,11 @@ def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None, scales=None):
 
 
 def _native_ok(ins: Mma, model) -> bool:
-    """Whether the compiled CPU kernel (tcemu/_src/native) runs this GEMM: f32 accumulation and a
-    model it covers."""
+    """Whether a compiled kernel (tcemu/_src/native: blockfma.cc on the CPU, blockfma_gpu.cu on
+    CUDA GPUs) runs this GEMM: f32 accumulation and a model it covers."""
     if ins.dtype != "f32" or model.stochastic:
         return False
-    return native.use(model, fm.FORMATS[ins.atype], fm.FORMATS[ins.btype], ins.k, "f32")
+    return native.use(model, fm.FORMATS[ins.atype], fm.FORMATS[ins.btype], ins.k, "f32", gemm=True)
 
 
 def _partials(x, sched: KSchedule):
@@ -362,7 +362,7 @@ def _combine(chain, plan, acc, G: int, shape):
 
 
 def _native_gemm(a_bits, b_bits, ins: Mma, model, plan, scales):
-    """The GEMM on the compiled CPU kernel: every chain of the plan (slices, promotion groups) at
+    """The GEMM on the compiled kernel: every chain of the plan (slices, promotion groups) at
     once, or, when their results would take more than ``_NATIVE_CHAIN_BYTES``, one chain at a
     time; then :func:`_combine`."""
     afmt, bfmt = fm.FORMATS[ins.atype], fm.FORMATS[ins.btype]
@@ -407,6 +407,8 @@ def _native_gemm(a_bits, b_bits, ins: Mma, model, plan, scales):
 
     acc = fm.FORMATS[ins.dtype]
     M, N = a_bits.shape[0], b_bits.shape[1]
+    if native._gpu() and A.shape[1] * -(-max(M, N) // 4) * 4 >= 1 << 31:  # the GPU kernel's 32-bit offsets
+        raise _TooLarge
     if S * G * M * N * 4 > _NATIVE_CHAIN_BYTES and plan.reduces:  # one chain at a time, memory O(M N)
         if plan.slices > 1 and plan.schedule.reduction != "sequential":
             raise _TooLarge
@@ -425,7 +427,8 @@ _NATIVE_CHAIN_BYTES = 1 << 28
 
 
 class _TooLarge(Exception):
-    """Many pairwise-reduced slices of a large GEMM: the kernel path would hold them all."""
+    """Many pairwise-reduced slices of a large GEMM (the kernel path would hold them all), or K * M
+    or K * N beyond the GPU kernel's 32-bit offsets."""
 
 
 def _xla_gemm(a_bits, b_bits, cfg: GemmConfig, ins: Mma, model, plan, key, scales):

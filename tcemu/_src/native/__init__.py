@@ -1,4 +1,4 @@
-"""A compiled CPU kernel for the MMA and GEMM hot loop (XLA FFI), with the pure-JAX engine as reference.
+"""Compiled kernels for the MMA and GEMM hot loop (XLA FFI), with the pure-JAX engine as reference.
 
 ``blockfma.cc`` computes chains of fused block FMAs exactly as :mod:`tcemu._src.numerics.engine`
 does on its one-word path (per-product alignment, int32 block sum, one rounding): it decodes the
@@ -11,7 +11,14 @@ ships, cached under ``$TCEMU_CACHE_DIR`` (default
 and register level (``numerics.mma``; batches and ``jax.vmap`` of warps in one call). Without a
 compiler tcemu runs the pure-JAX path: same bits, slower.
 
-``TCEMU_NATIVE=0`` turns the kernel off; ``TCEMU_NATIVE=1`` makes a failed build an error.
+On NVIDIA GPUs, ``blockfma_gpu.cu`` is the same custom call for XLA's CUDA backend (a thread per
+4 x 2 outputs, blocks of threads sharing operand tiles in shared memory, same bits): it is compiled
+on first use with ``nvcc`` (``$TCEMU_NVCC``, ``$CUDA_HOME/bin/nvcc``, ``nvcc`` on the ``PATH`` or
+``/usr/local/cuda/bin/nvcc``) for the GPU's compute capability, and used by :func:`tcemu.matmul`
+on the GPU backend for blocks of at most 32 products; without ``nvcc`` GEMMs run the pure-JAX path
+there.
+
+``TCEMU_NATIVE=0`` turns the kernels off; ``TCEMU_NATIVE=1`` makes a failed build an error.
 
 Example::
 
@@ -39,6 +46,8 @@ from tcemu._src import formats as fm
 from tcemu._src.numerics import engine
 
 _SOURCE = Path(__file__).with_name("blockfma.cc")
+_GPU_SOURCE = Path(__file__).with_name("blockfma_gpu.cu")
+_GPU_MAX_BLOCK = 32  # blockfma_gpu.cu's kLmax: the longest block its shared-memory tiles hold
 _TARGET = "tcemu_blockfma_chains"
 _GROUPED = "tcemu_grouped_chains"
 _MODES = {"rz": 0, "rne": 1, "rna": 2, "ru": 3, "rd": 4}
@@ -102,8 +111,85 @@ def _build() -> Path:
     return out
 
 
+def _nvcc() -> str | None:
+    """The CUDA compiler: ``$TCEMU_NVCC``, ``$CUDA_HOME/bin/nvcc``, ``nvcc`` on the PATH, or the
+    default CUDA install's."""
+    import shutil
+
+    for cand in (os.environ.get("TCEMU_NVCC"),
+                 *(os.path.join(os.environ[v], "bin", "nvcc") for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)),
+                 shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def _capability() -> str:
+    """The compute capability of the first CUDA device, as nvcc spells it (``90`` for sm_90)."""
+    cc = getattr(jax.devices("gpu")[0], "compute_capability", None)
+    if not cc:
+        raise RuntimeError("the GPU reports no compute capability (not a CUDA device)")
+    return str(cc).replace(".", "")
+
+
+def _build_gpu() -> Path:
+    """Compile blockfma_gpu.cu for this machine's GPU (once; cached by source, jaxlib, nvcc, GPU)."""
+    import jaxlib
+
+    nvcc = _nvcc()
+    if nvcc is None:
+        raise RuntimeError("no nvcc found (set TCEMU_NVCC or CUDA_HOME)")
+    sm = _capability()
+    flags = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{sm},code=sm_{sm}"]
+    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    src = _GPU_SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([src, jaxlib.__version__.encode(), " ".join([nvcc] + flags).encode(),
+                                     version.encode()])).hexdigest()[:16]
+    out = _cache_dir() / f"blockfma_gpu-{key}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        tmp_out = Path(tmp) / out.name
+        cmd = [nvcc, *flags, f"-I{jax.ffi.include_dir()}", str(_GPU_SOURCE), "-o", str(tmp_out)]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{res.stderr[-2000:]}")
+        os.replace(tmp_out, out)
+    return out
+
+
+def _gpu() -> bool:
+    """Whether the default backend is XLA's CUDA backend."""
+    if jax.default_backend() != "gpu":
+        return False
+    return "cuda" in jax.devices()[0].client.platform_version.lower()
+
+
+def available_gpu() -> bool:
+    """Whether the GPU kernel is built and registered for the CUDA backend (building it on the
+    first call)."""
+    setting = _setting()
+    if setting == "0":
+        return False
+    with _lock:
+        if "gpu_ok" not in _state:
+            try:
+                lib = ctypes.CDLL(str(_build_gpu()))
+                jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.tcemu_blockfma_chains_gpu),
+                                            platform="CUDA")
+                _state.update(gpu_ok=True, gpu_lib=lib)
+            except Exception as e:  # noqa: BLE001 - any build or load failure means: use the JAX path
+                _state.update(gpu_ok=False, gpu_error=f"{type(e).__name__}: {e}")
+                if setting == "1":
+                    raise RuntimeError(f"TCEMU_NATIVE=1 but the GPU kernel could not be built: {_state['gpu_error']}")
+                warnings.warn(f"tcemu: GPU kernel unavailable, GEMMs use the slower pure-JAX path "
+                              f"({_state['gpu_error']})", RuntimeWarning, stacklevel=3)
+    return _state["gpu_ok"]
+
+
 def available() -> bool:
-    """Whether the compiled kernel is built and registered (building it on the first call)."""
+    """Whether the compiled CPU kernel is built and registered (building it on the first call)."""
     setting = _setting()
     if setting == "0":
         return False
@@ -147,14 +233,17 @@ def supports_grouped(model, k: int) -> bool:
             and L // model.scale_group <= 8 and model.fraction_bits <= 40)
 
 
-def use(model, afmt, bfmt, k: int, acc: str) -> bool:
+def use(model, afmt, bfmt, k: int, acc: str, *, gemm: bool = False) -> bool:
     """:func:`supports` (:func:`supports_grouped` for grouped models) on the CPU backend with the
-    kernel available."""
+    kernel available; on the CUDA backend, for GEMMs (``gemm``), :func:`supports` (no grouped
+    models) with the GPU kernel available."""
     if model.scale_group is not None:
-        ok = acc == "f32" and supports_grouped(model, k)
-    else:
-        ok = supports(model, afmt, bfmt, k, acc)
-    return _cpu() and ok and available()
+        return acc == "f32" and supports_grouped(model, k) and _cpu() and available()
+    if not supports(model, afmt, bfmt, k, acc):
+        return False
+    if _cpu():
+        return available()
+    return gemm and min(model.block_size, k) <= _GPU_MAX_BLOCK and _gpu() and available_gpu()
 
 
 def _threads() -> int:
@@ -182,8 +271,9 @@ def chains(a_bits, b_bits, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, model, *,
     from +0, as :func:`~tcemu._src.numerics.engine.fused_dot` would (tf32 conversion and block order
     included). NaN/inf operands follow the engine's special-value path. Under ``jax.vmap`` the
     kernel runs the whole batch in one call."""
-    if not available():
-        raise RuntimeError(f"tcemu: the CPU kernel is not available ({_state.get('error', 'TCEMU_NATIVE=0')})")
+    if not (available_gpu() if _gpu() else available()):
+        err = _state.get("gpu_error" if _gpu() else "error", "TCEMU_NATIVE=0")
+        raise RuntimeError(f"tcemu: the compiled kernel is not available ({err})")
     scaled = a_exp is not None or b_exp is not None
     kind = _KIND_SAFE if not scaled and afmt.name in _SAFE and bfmt.name in _SAFE else _KIND_HYBRID
     a_bits, b_bits = jnp.asarray(a_bits).astype(jnp.uint32), jnp.asarray(b_bits).astype(jnp.uint32)
@@ -228,12 +318,20 @@ def chains(a_bits, b_bits, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, model, *,
                  scale_block=scale_block if scaled else 0, threads=_threads())
     # the words travel typed float32: XLA cancels a bitcast from float32 and back (no copy)
     words = lambda x: jax.lax.bitcast_convert_type(x.astype(jnp.uint32), jnp.float32)  # noqa: E731
-    call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct(batch + (K // chain_k, M, N), jnp.float32),
-                            vmap_method="broadcast_all")
-    out = call(jnp.asarray(lens, jnp.int32), words(full(a_bits, a_exp)), words(full(b_bits, b_exp)),
-               full(None if a_exp is None else a_exp.astype(jnp.int32), a_bits),
-               full(None if b_exp is None else b_exp.astype(jnp.int32), b_bits), words(full(c)),
-               **{name: np.int64(v) for name, v in attrs.items()})
+    args = (jnp.asarray(lens, jnp.int32), words(full(a_bits, a_exp)), words(full(b_bits, b_exp)),
+            full(None if a_exp is None else a_exp.astype(jnp.int32), a_bits),
+            full(None if b_exp is None else b_exp.astype(jnp.int32), b_bits), words(full(c)))
+    result = jax.ShapeDtypeStruct(batch + (K // chain_k, M, N), jnp.float32)
+    if _gpu():  # blockfma_gpu.cu decodes the operands into a second result (scratch)
+        na, nb = (int(np.prod(x.shape[:-2], dtype=np.int64)) for x in args[1:3])
+        pad4 = lambda n: -(-n // 4) * 4  # noqa: E731
+        words_needed = (2 if kind == _KIND_SAFE else 3) * K * (na * pad4(M) + nb * pad4(N)) + 4
+        call = jax.ffi.ffi_call(_TARGET, (result, jax.ShapeDtypeStruct((words_needed,), jnp.int32)),
+                                vmap_method="broadcast_all")
+        out = call(*args, **{name: np.int64(v) for name, v in attrs.items()})[0]
+    else:
+        call = jax.ffi.ffi_call(_TARGET, result, vmap_method="broadcast_all")
+        out = call(*args, **{name: np.int64(v) for name, v in attrs.items()})
     return jax.lax.bitcast_convert_type(out, jnp.uint32)
 
 

@@ -1,0 +1,659 @@
+// Chains of fused block FMAs on NVIDIA GPUs: blockfma.cc's custom call (same operands, attributes
+// and bits) for XLA's CUDA backend. Each thread owns a TM x TN tile of outputs (a block of 16 x 16
+// threads shares the decoded operand rows of each block of products through shared memory) and runs
+// every chain of its tile as blockfma.cc does for one lane: per block of L products the alignment exponent E,
+// every product truncated toward zero F bits below E (exact float32 products of exact element
+// values, scaled by 2**(F - E) and converted with truncation; or, for bf16 / tf32 / scaled blocks
+// whose terms a float32 cannot hold exactly, signed significands times a per-product power of
+// two), an exact integer sum with the aligned accumulator, and one rounding: a conversion of the
+// sum to float32 in the model's direction where that is exact (the fast finish), else
+// rounding.round_pack32 in integers. NaN/inf operands and accumulators take the engine's
+// special-value path. A first kernel decodes the operands (A transposed to (K, M), B as (K, N),
+// rows and columns padded to multiples of 4 with zeros) into scratch memory: a second result of the
+// call, of (2 or, hybrid, 3) * K * (entries of A * Mp + entries of B * Np) + 4 32-bit words
+// (native.chains sizes it the same way; the handler checks).
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_runtime.h>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+// Outputs per thread (TM rows x TN columns), the blocks of 256 threads an SM should hold (the
+// register budget) and the unrolling of the product loops: tuned on an H100 (benchmarks/RESULTS.md).
+#ifndef TCEMU_TM
+#define TCEMU_TM 4
+#endif
+#ifndef TCEMU_TN
+#define TCEMU_TN 2
+#endif
+#define TCEMU_STR(x) #x
+#define TCEMU_PRAGMA_(x) _Pragma(TCEMU_STR(x))
+#define TCEMU_PRAGMA(x) TCEMU_PRAGMA_(x)
+#ifndef TCEMU_UNROLL
+#define TCEMU_UNROLL 4
+#endif
+#ifndef TCEMU_MINB
+#define TCEMU_MINB 4
+#endif
+
+namespace {
+
+constexpr int32_t kBig = 1 << 20;              // engine._BIG: the exponent of NaN/inf operands
+constexpr int32_t kZeroSentinel = -kBig / 4;   // the exponent of zero operands
+constexpr int32_t kSpecialAbove = 1 << 19;     // engine._SPECIAL_ABOVE
+constexpr int32_t kZeroBelow = -(1 << 17);     // engine._ZERO_BELOW
+enum Kind { kSplit = 0, kSafe = 1, kHybrid = 2 };
+
+struct Fmt {
+  int32_t eb, fb, shift;
+  bool has_inf, has_nan;
+};
+
+struct Params {
+  int64_t M, N, K, chain_k, block, F, Mp, Np;
+  int kind;
+  int64_t sblock;
+  int32_t ab_shift;
+  bool zero_policy;
+  int32_t zero_exp;
+  bool has_min_exp;
+  int32_t min_exp;
+  int mode, p;
+  bool subnormals, overflow_ieee, flush_c;
+  Fmt fa, fb;
+  int64_t div_lens, div_a, div_b, div_c;  // batch entries per operand entry (blockfma.cc Strides)
+  bool has_c, has_ae, has_be;
+  int64_t batch;
+};
+
+struct Ptrs {
+  const int32_t* lens;
+  const uint32_t *a, *b, *c;       // bits: A (.., M, K), B (.., K, N), C (.., M, N) or null
+  const int32_t *a_exp, *b_exp;    // exponents added (per element, or per block of sblock)
+  const float *va, *vb, *sa, *sb;  // decoded: values, signed significands (A as (K, Mp), B (K, Np))
+  const int32_t *ea, *eb;          // exponents with sentinels
+  const int* inexact;              // some value a float32 cannot hold exactly: split terms only
+  uint32_t* out;                   // (batch, K / chain_k, M, N)
+};
+
+__device__ __forceinline__ int32_t clampi(int32_t x, int32_t lo, int32_t hi) { return min(max(x, lo), hi); }
+// x >> n and x << n for 0 <= n (negative n: 0), giving 0 from n >= 32 (rounding.shr/shl)
+__device__ __forceinline__ uint32_t shr(uint32_t x, int32_t n) { return n >= 32 ? 0u : x >> clampi(n, 0, 31); }
+__device__ __forceinline__ uint32_t shl(uint32_t x, int32_t n) { return n >= 32 ? 0u : x << clampi(n, 0, 31); }
+__device__ __forceinline__ float pow2f(int32_t biased) { return __int_as_float(biased << 23); }
+
+// engine._prepare of one element (blockfma.cc decode): value, signed significand, exponent with
+// sentinels; returns whether a float32 cannot hold its value exactly.
+__device__ bool decode(uint32_t bits, const Fmt& f, bool flush, int32_t add, float& v, float& sg, int32_t& e) {
+  const uint32_t u = bits >> f.shift;
+  int32_t frac = (int32_t)(u & ((1u << f.fb) - 1u));
+  const int32_t ef = (int32_t)((u >> f.fb) & ((1u << f.eb) - 1u));
+  const bool neg = (u >> (f.fb + f.eb)) & 1u;
+  const int32_t top = (1 << f.eb) - 1, bias = (1 << (f.eb - 1)) - 1;
+  bool special = false;
+  if (f.has_nan) special = f.has_inf ? (ef == top) : (ef == top && frac == (1 << f.fb) - 1);
+  const bool normal = ef != 0;
+  if (flush && !normal) frac = 0;
+  const int32_t sig = normal ? (frac | (1 << f.fb)) : frac;
+  const int32_t exp0 = normal ? ef - bias : 1 - bias, exp = exp0 + add;
+  sg = (float)(neg ? -sig : sig);
+  const int32_t x = clampi(exp - f.fb, -149, 127), h = x >> 1;
+  const bool zero = sig == 0;
+  v = zero ? 0.0f : __fmul_rn(__fmul_rn(sg, pow2f(h + 127)), pow2f(x - h + 127));
+  e = (zero ? kZeroSentinel : special ? kBig : exp0) + add;
+  return !(zero || special) && (exp - f.fb < -149 || exp > 127);
+}
+
+// Decode `count` entries of an operand of R rows x C columns (row-major bits) into (R?, ...):
+// transpose: out[(entry, c, r)] with r padded to Rp (A: (K, Mp)); else out[(entry, r, c)] with c
+// padded to Cp (B: (K, Np)). Padding decodes as zero.
+__global__ void decode_kernel(const uint32_t* bits, const int32_t* add, Fmt f, bool flush, int64_t count, int64_t R,
+                              int64_t C, int64_t Rp, int64_t Cp, bool transpose, int64_t sblock, bool along_cols,
+                              float* v, float* sg, int32_t* e, int* inexact) {
+  const int64_t per = transpose ? C * Rp : R * Cp;
+  const int64_t total = count * per;
+  bool bad = false;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t entry = i / per, j = i % per;
+    int64_t r, c;
+    if (transpose) {
+      c = j / Rp;
+      r = j % Rp;
+    } else {
+      r = j / Cp;
+      c = j % Cp;
+    }
+    float fv = 0.0f, fs = 0.0f;
+    int32_t fe = kZeroSentinel;
+    if (r < R && c < C) {
+      int32_t ad = 0;
+      if (add) {  // per element, or per block of sblock along K (A: columns, B: rows)
+        if (!sblock) {
+          ad = add[entry * R * C + r * C + c];
+        } else if (along_cols) {
+          ad = add[entry * R * (C / sblock) + r * (C / sblock) + c / sblock];
+        } else {
+          ad = add[entry * (R / sblock) * C + (r / sblock) * C + c];
+        }
+      }
+      bad |= decode(bits[entry * R * C + r * C + c], f, flush, ad, fv, fs, fe);
+    }
+    v[i] = fv;
+    if (sg) sg[i] = fs;
+    e[i] = fe;
+  }
+  if (bad) atomicOr(inexact, 1);
+}
+
+// Classes of one element (bit 0 zero, 1 infinity, 2 NaN, 3 sign) and the special-value path of
+// engine._fused for one output (blockfma.cc special_value).
+__device__ int32_t element_class(uint32_t bits, const Fmt& f) {
+  const uint32_t u = bits >> f.shift, frac = u & ((1u << f.fb) - 1u), ef = (u >> f.fb) & ((1u << f.eb) - 1u);
+  const uint32_t top = (1u << f.eb) - 1u;
+  bool nan = false, inf = false;
+  if (f.has_nan && ef == top) {
+    nan = f.has_inf ? frac != 0 : frac == (1u << f.fb) - 1u;
+    inf = f.has_inf && frac == 0;
+  }
+  const bool zero = (u & ((1u << (f.eb + f.fb)) - 1u)) == 0;
+  return (int32_t)zero | (int32_t)inf << 1 | (int32_t)nan << 2 | (int32_t)((u >> (f.fb + f.eb)) & 1u) << 3;
+}
+
+__device__ __noinline__ uint32_t special_value(const uint32_t* arow, const uint32_t* bcol, int64_t n, const Fmt& fa,
+                                               const Fmt& fb, int64_t k0, int64_t L, uint32_t c) {
+  bool pos = false, neg = false, nan = false;
+  for (int64_t k = k0; k < k0 + L; k++) {
+    const int32_t a = element_class(arow[k], fa), b = element_class(bcol[k * n], fb);
+    const bool pnan = (a & 4) || (b & 4) || ((a & 2) && (b & 1)) || ((a & 1) && (b & 2));
+    const bool pinf = ((a & 2) || (b & 2)) && !pnan;
+    nan |= pnan;
+    if (pinf) {
+      if ((a ^ b) & 8) neg = true; else pos = true;
+    }
+  }
+  const bool cinf = (c & 0x7FFFFFFFu) == 0x7F800000u, cnan = (c & 0x7FFFFFFFu) > 0x7F800000u;
+  if (cinf) {
+    if (c >> 31) neg = true; else pos = true;
+  }
+  if (nan || cnan || (pos && neg)) return 0x7FFFFFFFu;
+  return neg ? 0xFF800000u : 0x7F800000u;
+}
+
+// rounding.round_pack32 + _finish (blockfma.cc round_pack, general path) for one value:
+// (-1)**neg * m * 2**q rounded to the accumulator format (p fraction bits, binary32 range).
+__device__ __noinline__ uint32_t round_pack(bool neg, uint32_t m, int32_t q, const Params& P) {
+  const int p = P.p, mode = P.mode;
+  const int32_t lz = __clz(m);
+  const uint32_t top = lz >= 32 ? 0u : m << lz;
+  int32_t x = max(q + 31 - lz, -126);
+  const int32_t r = x - p - q + lz;  // bits of top below the kept ones
+  const uint32_t rbit = shr(top, r - 1) & 1u;
+  const bool sticky = (top & (shl(1u, r - 1) - 1u)) != 0;
+  uint32_t n = shr(top, r);
+  bool inc;
+  switch (mode) {
+    case 0: inc = false; break;
+    case 1: inc = rbit && (sticky || (n & 1u)); break;
+    case 2: inc = rbit != 0; break;
+    case 3: inc = (rbit || sticky) && !neg; break;
+    default: inc = (rbit || sticky) && neg; break;
+  }
+  n += inc ? 1u : 0u;
+  if (n >> (p + 1)) {
+    n >>= 1;
+    x += 1;
+  }
+  const bool normal = (n >> p) != 0;
+  const uint32_t biased = normal ? (uint32_t)(x + 127) : 0u;
+  uint32_t frac = n & ((1u << p) - 1u);
+  if (!P.subnormals && !normal) frac = 0;
+  const uint32_t sbit = neg ? (1u << (8 + p)) : 0u;
+  uint32_t body = sbit | (biased << p) | frac;
+  if (x > 127 && m != 0) {
+    const uint32_t inf = sbit | (255u << p);
+    uint32_t big = inf;
+    if (P.overflow_ieee) {
+      const uint32_t maxf = sbit | ((254u << p) | ((1u << p) - 1u));
+      const bool to_inf = mode == 0 ? false : mode == 3 ? !neg : mode == 4 ? neg : true;
+      big = to_inf ? inf : maxf;
+    }
+    body = big;
+  }
+  const uint32_t bits = body << (23 - p);
+  return bits == 0x80000000u ? 0u : bits;
+}
+
+__device__ __forceinline__ int32_t acc_exponent(uint32_t acc, bool flush, int32_t zero_exp) {
+  const int32_t ce = (acc >> 23) & 255;
+  const bool nz = flush ? ce != 0 : (acc & 0x7FFFFFFFu) != 0;
+  return nz ? max(ce, 1) - 127 : zero_exp;
+}
+
+// The exact finish of one output's block (blockfma.cc finish): the block's sum S with the aligned
+// accumulator, rounded; NaN/inf operands or accumulator: the special-value path.
+__device__ __noinline__ uint32_t finish(const Params& P, int64_t S, int32_t E, uint32_t acc, const uint32_t* arow,
+                                        const uint32_t* bcol, int64_t k0) {
+  const int F = (int)P.F;
+  const int32_t ce = (acc >> 23) & 255, frac = acc & 0x7FFFFF;
+  int64_t csig = ce != 0 ? (frac | 0x800000) : frac;
+  if (P.flush_c && ce == 0) csig = 0;
+  const int32_t cexp = ce != 0 ? ce - 127 : -126;
+  if (E > kSpecialAbove || ce == 255) return special_value(arow, bcol, P.N, P.fa, P.fb, k0, P.block, acc);
+  const int64_t cs = F >= 23 ? csig << (F - 23) : csig;
+  const int32_t sh = clampi(E - cexp + (F >= 23 ? 0 : 23 - F), 0, 63);
+  int64_t tc = cs >> sh;
+  if ((int32_t)acc < 0) tc = -tc;
+  const int64_t s = S + tc;
+  const bool neg = s < 0;
+  const uint64_t mag = neg ? (uint64_t)(-s) : (uint64_t)s;
+  const int32_t bits = 64 - __clzll((long long)mag);
+  const int32_t sh2 = max(bits - 32, 0);
+  const uint32_t m32 = (uint32_t)(mag >> sh2) | (uint32_t)((mag & ((uint64_t(1) << sh2) - 1)) != 0);
+  return round_pack(neg, m32, E - F + sh2, P);
+}
+
+// The sum converted to float32 in the model's direction (the fast finish).
+__device__ __forceinline__ float to_float(int64_t s, int mode) {
+  switch (mode) {
+    case 0: return __ll2float_rz(s);
+    case 1: return __ll2float_rn(s);
+    case 3: return __ll2float_ru(s);
+    default: return __ll2float_rd(s);
+  }
+}
+
+__device__ __forceinline__ float to_float32(int32_t s, int mode) {
+  switch (mode) {
+    case 0: return __int2float_rz(s);
+    case 1: return __int2float_rn(s);
+    case 3: return __int2float_ru(s);
+    default: return __int2float_rd(s);
+  }
+}
+
+// n consecutive elements (n = 4: one 16-byte load; the rows are padded and aligned)
+template <int n, typename T>
+__device__ __forceinline__ void load(const T* p, T* x) {
+  if constexpr (n == 4) {
+    typedef typename std::conditional<std::is_same<T, float>::value, float4, int4>::type V;
+    const V v = *reinterpret_cast<const V*>(p);
+    x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+  } else {
+#pragma unroll
+    for (int i = 0; i < n; i++) x[i] = p[i];
+  }
+}
+
+constexpr int kLmax = 32;  // the longest block the shared tiles hold
+
+// The alignment exponent of output (m, n) of the block at k0 (rows kk of the shared tiles):
+// the accumulator's exponent and the largest product exponent sum, zero products with zero_exp,
+// at least min_exp. Out of the hot loop: the exact finish and the significand terms use it.
+template <int BM, int BN>
+__device__ __noinline__ int32_t block_exponent(const Params& P, const int32_t (*sea)[BM], const int32_t (*seb)[BN],
+                                               int L, int i, int j, uint32_t acc) {
+  int32_t E = acc_exponent(acc, P.flush_c, P.zero_exp);
+  bool zero = false;
+  for (int kk = 0; kk < L; kk++) {
+    const int32_t t = sea[kk][i] + seb[kk][j];
+    E = max(E, t);
+    zero |= t < kZeroBelow;
+  }
+  if (P.zero_policy && zero) E = max(E, P.zero_exp);
+  if (P.has_min_exp) E = max(E, P.min_exp);
+  return E;
+}
+
+// One block of 16 x 16 threads: output rows [bm0, bm0 + 16 TM) and columns [bn0, bn0 + 16 TN) of
+// every batch entry from blockIdx.z, every chain; thread (x, y) owns rows bm0 + y TM .. and columns
+// bn0 + x TN ... Per block of L products the threads copy the decoded rows k0 .. k0 + L of their
+// tile to shared memory. Per output the registers hold the accumulator, the scale 2**(F - E)
+// (E - F and the range checks follow from its exponent field) and the block's sum. Lc: the block
+// length (0: P.block, at most kLmax); How: Kind; Wide: int64 block sums.
+template <int TM, int TN, int Lc, int How, bool Wide>
+__global__ void __launch_bounds__(256, TCEMU_MINB) chains_kernel(Params P, Ptrs X) {
+  typedef typename std::conditional<Wide, long long, int32_t>::type Sum;
+  constexpr int BM = 16 * TM, BN = 16 * TN;
+  __shared__ __align__(16) float s_va[kLmax][BM];
+  __shared__ __align__(16) int32_t s_ea[kLmax][BM];
+  __shared__ __align__(16) float s_vb[kLmax][BN];
+  __shared__ __align__(16) int32_t s_eb[kLmax][BN];
+  const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * 16 + tx;
+  const int64_t bm0 = (int64_t)blockIdx.y * BM, bn0 = (int64_t)blockIdx.x * BN;
+  const int64_t m0 = bm0 + ty * TM, n0 = bn0 + tx * TN;
+  const int64_t K = P.K, M = P.M, N = P.N, Mp = P.Mp, Np = P.Np;
+  const int L = Lc ? Lc : (int)P.block;
+  const int F = (int)P.F;
+  const int32_t keep = ~((1 << (23 - P.p)) - 1);
+  const bool fast = (P.p == 23 ? P.mode != 2 : P.mode == 0) && L * (int64_t(1) << (F + 2)) <= (int64_t(1) << 40);
+  const int32_t split_bias = (int32_t)(F + 127) - P.ab_shift;
+  for (int64_t bt = blockIdx.z; bt < P.batch; bt += gridDim.z) {
+    const int64_t ia = bt / P.div_a, ib = bt / P.div_b;
+    const float* va = X.va + ia * K * Mp + bm0;
+    const float* vb = X.vb + ib * K * Np + bn0;
+    const int32_t* ea = X.ea + ia * K * Mp + bm0;
+    const int32_t* eb = X.eb + ib * K * Np + bn0;
+    const uint32_t* abits = X.a + ia * M * K;
+    const uint32_t* bbits = X.b + ib * K * N;
+    const int32_t* lens = X.lens + (bt / P.div_lens) * (K / P.chain_k);
+    const uint32_t* cbits = P.has_c ? X.c + (bt / P.div_c) * M * N : nullptr;
+    const bool split_all = How == kHybrid && *X.inexact != 0;
+    for (int64_t c0 = 0; c0 < K; c0 += P.chain_k) {
+      uint32_t acc[TM][TN];
+#pragma unroll
+      for (int i = 0; i < TM; i++)
+#pragma unroll
+        for (int j = 0; j < TN; j++) {
+          const int64_t m = m0 + i, n = n0 + j;
+          acc[i][j] = (cbits && m < M && n < N) ? cbits[m * N + n] : 0u;
+        }
+      const int64_t end = c0 + lens[c0 / P.chain_k];
+      for (int64_t k0 = c0; k0 < end; k0 += L) {
+        __syncthreads();  // the previous block's tiles are read
+        for (int q = tid; q < L * (BM / 4); q += 256) {  // 16-byte pieces of the tiles (zeros beyond Mp, Np)
+          const int kk = q / (BM / 4), c = 4 * (q % (BM / 4));
+          const bool in = bm0 + c < Mp;
+          const int64_t o = (k0 + kk) * Mp + c;
+          *reinterpret_cast<float4*>(&s_va[kk][c]) = in ? __ldg(reinterpret_cast<const float4*>(va + o)) : float4{};
+          *reinterpret_cast<int4*>(&s_ea[kk][c]) =
+              in ? __ldg(reinterpret_cast<const int4*>(ea + o)) : int4{kZeroSentinel, kZeroSentinel, kZeroSentinel, kZeroSentinel};
+        }
+        for (int q = tid; q < L * (BN / 4); q += 256) {
+          const int kk = q / (BN / 4), c = 4 * (q % (BN / 4));
+          const bool in = bn0 + c < Np;
+          const int64_t o = (k0 + kk) * Np + c;
+          *reinterpret_cast<float4*>(&s_vb[kk][c]) = in ? __ldg(reinterpret_cast<const float4*>(vb + o)) : float4{};
+          *reinterpret_cast<int4*>(&s_eb[kk][c]) =
+              in ? __ldg(reinterpret_cast<const int4*>(eb + o)) : int4{kZeroSentinel, kZeroSentinel, kZeroSentinel, kZeroSentinel};
+        }
+        __syncthreads();
+        float scale[TM][TN];
+        {
+          int32_t E[TM][TN];
+#pragma unroll
+          for (int i = 0; i < TM; i++)
+#pragma unroll
+            for (int j = 0; j < TN; j++) E[i][j] = acc_exponent(acc[i][j], P.flush_c, P.zero_exp);
+          TCEMU_PRAGMA(unroll TCEMU_UNROLL)
+          for (int kk = 0; kk < L; kk++) {
+            int32_t a[TM], b[TN];
+            load<TM>(&s_ea[kk][ty * TM], a);
+            load<TN>(&s_eb[kk][tx * TN], b);
+#pragma unroll
+            for (int i = 0; i < TM; i++)
+#pragma unroll
+              for (int j = 0; j < TN; j++) E[i][j] = max(E[i][j], a[i] + b[j]);
+          }
+#pragma unroll
+          for (int i = 0; i < TM; i++)
+#pragma unroll
+            for (int j = 0; j < TN; j++) {
+              int32_t e = E[i][j];
+              if (P.zero_policy && e < P.zero_exp)
+                e = block_exponent<BM, BN>(P, s_ea, s_eb, L, ty * TM + i, tx * TN + j, acc[i][j]);
+              if (P.has_min_exp) e = max(e, P.min_exp);
+              scale[i][j] = pow2f(clampi(F - e + 127, 1, 254));
+            }
+        }
+        // E - F = 127 - (scale's exponent field) where the field is within [2, 253]
+        auto field = [&](int i, int j) { return __float_as_int(scale[i][j]) >> 23; };
+        Sum S[TM][TN];
+#pragma unroll
+        for (int i = 0; i < TM; i++)
+#pragma unroll
+          for (int j = 0; j < TN; j++) S[i][j] = 0;
+        bool values = How == kSafe;
+        if (How == kHybrid && !split_all) {  // every term exact in float32: F - 125 <= E <= 126
+          values = true;
+#pragma unroll
+          for (int i = 0; i < TM; i++)
+#pragma unroll
+            for (int j = 0; j < TN; j++) values &= field(i, j) >= F + 1 && field(i, j) <= 252;
+        }
+        if (values) {
+          TCEMU_PRAGMA(unroll TCEMU_UNROLL)
+          for (int kk = 0; kk < L; kk++) {
+            float a[TM], b[TN];
+            load<TM>(&s_va[kk][ty * TM], a);
+            load<TN>(&s_vb[kk][tx * TN], b);
+#pragma unroll
+            for (int i = 0; i < TM; i++)
+#pragma unroll
+              for (int j = 0; j < TN; j++) S[i][j] += __float2int_rz(__fmul_rn(__fmul_rn(b[j], a[i]), scale[i][j]));
+          }
+        } else {  // rare: significands times a power of two per product
+          const float* sa = X.sa + ia * K * Mp + m0;
+          const float* sb = X.sb + ib * K * Np + n0;
+#pragma unroll
+          for (int i = 0; i < TM; i++)
+#pragma unroll
+            for (int j = 0; j < TN; j++) {
+              const int32_t e = block_exponent<BM, BN>(P, s_ea, s_eb, L, ty * TM + i, tx * TN + j, acc[i][j]);
+              Sum t = 0;
+              for (int kk = 0; kk < L; kk++) {
+                const int32_t x = max(s_eb[kk][tx * TN + j] + s_ea[kk][ty * TM + i] + split_bias - e, 1);
+                t += __float2int_rz(__fmul_rn(__fmul_rn(sb[(k0 + kk) * Np + j], sa[(k0 + kk) * Mp + i]),
+                                              pow2f(min(x, 254))));
+              }
+              S[i][j] = t;
+            }
+        }
+        uint32_t badmask = 0;  // outputs the fast finish does not hold for
+#pragma unroll
+        for (int i = 0; i < TM; i++)
+#pragma unroll
+          for (int j = 0; j < TN; j++) {
+            const int32_t ef = field(i, j), d = 127 - ef;  // d = E - F
+            const uint32_t c = acc[i][j];
+            bool bad = !fast || ef < 31 || ef > 253;
+            uint32_t bits = 0;
+            if (!bad) {
+              float cv = __uint_as_float(c);
+              if (P.flush_c && ((c >> 23) & 255) == 0) cv = 0.0f;
+              int32_t fb;
+              bool zero;
+              if (Wide) {
+                const int64_t s = (int64_t)S[i][j] + (int64_t)__float2ll_rz(__fmul_rn(cv, scale[i][j]));
+                fb = __float_as_int(to_float(s, P.mode));
+                zero = s == 0;
+              } else {  // |S| < 2**31 and |tc| < 2**(F + 1): the int32 sum may wrap (then the exact finish)
+                const int32_t tc = __float2int_rz(__fmul_rn(cv, scale[i][j]));
+                const int32_t s = (int32_t)((uint32_t)S[i][j] + (uint32_t)tc);
+                bad = ((S[i][j] ^ s) & (tc ^ s)) < 0;
+                fb = __float_as_int(to_float32(s, P.mode));
+                zero = s == 0;
+              }
+              const int32_t be = ((fb >> 23) & 255) + d;
+              bad |= !zero && (be < 1 || be > 254);
+              bits = zero ? 0u : (uint32_t)(fb & keep) + ((uint32_t)d << 23);
+            }
+            if (bad) badmask |= 1u << (i * TN + j);
+            acc[i][j] = bad ? c : bits;
+          }
+        if (badmask) {  // rare: the exact finish, one output at a time
+#pragma unroll
+          for (int i = 0; i < TM; i++)
+#pragma unroll
+            for (int j = 0; j < TN; j++) {
+              if (!((badmask >> (i * TN + j)) & 1u)) continue;
+              const int32_t e = block_exponent<BM, BN>(P, s_ea, s_eb, L, ty * TM + i, tx * TN + j, acc[i][j]);
+              const int64_t m = min(m0 + i, M - 1), n = min(n0 + j, N - 1);
+              acc[i][j] = finish(P, (int64_t)S[i][j], e, acc[i][j], abits + m * K, bbits + n, k0);
+            }
+        }
+      }
+      const int64_t chain = c0 / P.chain_k;
+      uint32_t* out = X.out + (bt * (K / P.chain_k) + chain) * M * N;
+#pragma unroll
+      for (int i = 0; i < TM; i++)
+#pragma unroll
+        for (int j = 0; j < TN; j++) {
+          const int64_t m = m0 + i, n = n0 + j;
+          if (m < M && n < N) out[m * N + n] = acc[i][j];
+        }
+    }
+  }
+}
+
+typedef void (*KernelFn)(Params, Ptrs);
+
+template <int TM, int TN, int How, bool Wide>
+KernelFn pick_block(int64_t L) {
+  return L == 4 ? chains_kernel<TM, TN, 4, How, Wide> : L == 8 ? chains_kernel<TM, TN, 8, How, Wide>
+         : L == 16 ? chains_kernel<TM, TN, 16, How, Wide> : L == 32 ? chains_kernel<TM, TN, 32, How, Wide>
+         : chains_kernel<TM, TN, 0, How, Wide>;
+}
+
+template <int TM, int TN>
+KernelFn pick(int kind, bool wide, int64_t L) {
+  if (kind == kSafe) return wide ? pick_block<TM, TN, kSafe, true>(L) : pick_block<TM, TN, kSafe, false>(L);
+  return wide ? pick_block<TM, TN, kHybrid, true>(L) : pick_block<TM, TN, kHybrid, false>(L);
+}
+
+int64_t batch_stride(size_t count, int64_t per, int64_t batch) {
+  const int64_t n = (int64_t)count / per;
+  return (int64_t)count % per || n < 1 || batch % n ? -1 : batch / n;
+}
+
+ffi::Error Chains(cudaStream_t stream, ffi::Buffer<ffi::S32> lens,
+                  ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b, ffi::Buffer<ffi::S32> a_exp,
+                  ffi::Buffer<ffi::S32> b_exp, ffi::Buffer<ffi::F32> c, ffi::ResultBuffer<ffi::F32> out,
+                  ffi::ResultBuffer<ffi::S32> scratch, int64_t chain_k, int64_t block, int64_t F, int64_t group, int64_t kind, int64_t ab_shift,
+                  int64_t zero_policy, int64_t zero_exp, int64_t has_min_exp, int64_t min_exp, int64_t mode,
+                  int64_t p, int64_t subnormals, int64_t overflow_ieee, int64_t flush_c, int64_t a_format,
+                  int64_t b_format, int64_t has_c, int64_t has_a_exp, int64_t has_b_exp, int64_t scale_block,
+                  int64_t threads) {
+  auto ad = a.dimensions(), bd = b.dimensions();
+  if (ad.size() < 2 || bd.size() < 2 || ad[ad.size() - 1] != bd[bd.size() - 2])
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tcemu blockfma: A (..., M, K) and B (..., K, N) expected");
+  if (out->element_count() == 0) return ffi::Error::Success();
+  auto fmt = [](int64_t x) {
+    return Fmt{(int32_t)(x & 255), (int32_t)((x >> 8) & 255), (int32_t)((x >> 16) & 255), ((x >> 24) & 1) != 0,
+               ((x >> 25) & 1) != 0};
+  };
+  Params P{};
+  P.M = ad[ad.size() - 2];
+  P.N = bd[bd.size() - 1];
+  P.K = ad[ad.size() - 1];
+  P.chain_k = chain_k;
+  P.block = block;
+  P.F = F;
+  P.Mp = (P.M + 3) / 4 * 4;
+  P.Np = (P.N + 3) / 4 * 4;
+  P.kind = (int)kind;
+  P.sblock = scale_block > 0 ? scale_block : 0;
+  P.ab_shift = (int32_t)ab_shift;
+  P.zero_policy = zero_policy != 0;
+  P.zero_exp = (int32_t)zero_exp;
+  P.has_min_exp = has_min_exp != 0;
+  P.min_exp = (int32_t)min_exp;
+  P.mode = (int)mode;
+  P.p = (int)p;
+  P.subnormals = subnormals != 0;
+  P.overflow_ieee = overflow_ieee != 0;
+  P.flush_c = flush_c != 0;
+  P.fa = fmt(a_format);
+  P.fb = fmt(b_format);
+  P.has_c = has_c != 0;
+  P.has_ae = has_a_exp != 0;
+  P.has_be = has_b_exp != 0;
+  if (P.M < 1 || P.N < 1 || P.chain_k <= 0 || P.K % P.chain_k || P.block <= 0 || P.block > kLmax ||
+      P.chain_k % P.block || P.F > 29 ||
+      (P.kind != kSafe && P.kind != kHybrid))
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "tcemu blockfma: K % chain_k and chain_k % block must be 0, F <= 29, kind safe or hybrid");
+  const int64_t C = P.K / P.chain_k, MK = P.M * P.K, KN = P.K * P.N, MN = P.M * P.N;
+  const int64_t batch = (int64_t)out->element_count() / (C * MN);
+  P.div_lens = batch_stride(lens.element_count(), C, batch);
+  P.div_a = batch_stride(a.element_count(), MK, batch);
+  P.div_b = batch_stride(b.element_count(), KN, batch);
+  P.div_c = P.has_c ? batch_stride(c.element_count(), MN, batch) : 1;
+  const int64_t per = P.sblock ? P.sblock : 1;
+  if (P.div_lens < 0 || P.div_a < 0 || P.div_b < 0 || P.div_c < 0 || P.K % per ||
+      (P.has_ae && a_exp.element_count() * per != a.element_count()) ||
+      (P.has_be && b_exp.element_count() * per != b.element_count()))
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "tcemu blockfma: one length per chain, operands and C per batch entry or shared");
+  P.batch = batch;
+  if (P.K * std::max(P.Mp, P.Np) >= (int64_t(1) << 31))
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tcemu blockfma: K * M and K * N below 2**31");
+  const int64_t na = batch / P.div_a, nb = batch / P.div_b;
+  const bool hybrid = P.kind == kHybrid;
+  const int64_t sa_n = na * P.K * P.Mp, sb_n = nb * P.K * P.Np;
+  // scratch words: values and exponents (and significands: hybrid) of A and B, then one flag
+  const int64_t need = (hybrid ? 3 : 2) * (sa_n + sb_n) + 4;
+  if ((int64_t)scratch->element_count() < need)
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tcemu blockfma: scratch result too small");
+  int32_t* w = scratch->typed_data();  // sa_n and sb_n are multiples of 4 words: 16-byte aligned parts
+  float* va = reinterpret_cast<float*>(w);
+  int32_t* ea = w + sa_n;
+  float* vb = reinterpret_cast<float*>(w + 2 * sa_n);
+  int32_t* eb = w + 2 * sa_n + sb_n;
+  float* sa = hybrid ? reinterpret_cast<float*>(w + 2 * (sa_n + sb_n)) : nullptr;
+  float* sb = hybrid ? reinterpret_cast<float*>(w + 2 * (sa_n + sb_n) + sa_n) : nullptr;
+  int* inexact = reinterpret_cast<int*>(w + (hybrid ? 3 : 2) * (sa_n + sb_n));
+  cudaMemsetAsync(inexact, 0, sizeof(int), stream);
+  auto words = [](const float* x) { return reinterpret_cast<const uint32_t*>(x); };
+  const int threads_per = 256;
+  auto grid_for = [&](int64_t n) { return (unsigned)std::min<int64_t>((n + threads_per - 1) / threads_per, 65536); };
+  decode_kernel<<<grid_for(sa_n), threads_per, 0, stream>>>(
+      words(a.typed_data()), P.has_ae ? a_exp.typed_data() : nullptr, P.fa, P.flush_c, na, P.M, P.K, P.Mp, P.K, true,
+      P.sblock, true, va, sa, ea, inexact);
+  decode_kernel<<<grid_for(sb_n), threads_per, 0, stream>>>(
+      words(b.typed_data()), P.has_be ? b_exp.typed_data() : nullptr, P.fb, P.flush_c, nb, P.K, P.N, P.K, P.Np, false,
+      P.sblock, false, vb, sb, eb, inexact);
+  Ptrs X{lens.typed_data(), words(a.typed_data()), words(b.typed_data()),
+         P.has_c ? words(c.typed_data()) : nullptr, nullptr, nullptr, va, vb, sa, sb, ea, eb, inexact,
+         reinterpret_cast<uint32_t*>(out->typed_data())};
+  const bool wide = P.block * (int64_t(1) << (P.F + 2)) > (int64_t(1) << 31) - 1;
+  const bool small = P.M * P.N < 16384;  // tiles of 16 x 16 outputs, else TM x TN per thread
+  dim3 tb(16, 16);
+  const int tm = small ? 1 : TCEMU_TM, tn = small ? 1 : TCEMU_TN;
+  KernelFn fn = small ? pick<1, 1>(P.kind, wide, P.block) : pick<TCEMU_TM, TCEMU_TN>(P.kind, wide, P.block);
+  dim3 grid((unsigned)((P.N + 16 * tn - 1) / (16 * tn)), (unsigned)((P.M + 16 * tm - 1) / (16 * tm)),
+            (unsigned)std::min<int64_t>(batch, 65535));
+  fn<<<grid, tb, 0, stream>>>(P, X);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return ffi::Error(ffi::ErrorCode::kInternal, cudaGetErrorString(err));
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(tcemu_blockfma_chains_gpu, Chains,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("chain_k")
+                                  .Attr<int64_t>("block")
+                                  .Attr<int64_t>("F")
+                                  .Attr<int64_t>("group")
+                                  .Attr<int64_t>("kind")
+                                  .Attr<int64_t>("ab_shift")
+                                  .Attr<int64_t>("zero_policy")
+                                  .Attr<int64_t>("zero_exp")
+                                  .Attr<int64_t>("has_min_exp")
+                                  .Attr<int64_t>("min_exp")
+                                  .Attr<int64_t>("mode")
+                                  .Attr<int64_t>("p")
+                                  .Attr<int64_t>("subnormals")
+                                  .Attr<int64_t>("overflow_ieee")
+                                  .Attr<int64_t>("flush_c")
+                                  .Attr<int64_t>("a_format")
+                                  .Attr<int64_t>("b_format")
+                                  .Attr<int64_t>("has_c")
+                                  .Attr<int64_t>("has_a_exp")
+                                  .Attr<int64_t>("has_b_exp")
+                                  .Attr<int64_t>("scale_block")
+                                  .Attr<int64_t>("threads"));
