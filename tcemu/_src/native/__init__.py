@@ -47,6 +47,7 @@ from tcemu._src.numerics import engine
 
 _SOURCE = Path(__file__).with_name("blockfma.cc")
 _GPU_SOURCE = Path(__file__).with_name("blockfma_gpu.cu")
+_HEADER = Path(__file__).with_name("blockfma.h")  # what the two kernels share
 _GPU_MAX_BLOCK = 32  # blockfma_gpu.cu's kLmax: the longest block its shared-memory tiles hold
 _TARGET = "tcemu_blockfma_chains"
 _GROUPED = "tcemu_grouped_chains"
@@ -86,29 +87,34 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def _build() -> Path:
-    """Compile blockfma.cc for this machine (once; cached by source, jaxlib and CPU)."""
+def _compile(compiler: str, flags: list[str], source: Path, key_parts: list[bytes]) -> Path:
+    """``source`` compiled by ``compiler`` into a shared library in the cache (once: named by the
+    sources, the shared header, jaxlib, the command and ``key_parts``)."""
     import jaxlib
 
-    cxx = os.environ.get("CXX", "c++")
-    # -ffp-contract=fast: the kernel's float products are exact (its sums of products may fuse)
-    flags = ["-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC", "-pthread",
-             "-Wno-psabi"]
-    src = _SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([src, jaxlib.__version__.encode(), " ".join([cxx] + flags).encode(),
-                                     platform.machine().encode(), _cpu_flags().encode()])).hexdigest()[:16]
-    out = _cache_dir() / f"blockfma-{key}.so"
+    key = hashlib.sha256(b"\0".join([source.read_bytes(), _HEADER.read_bytes(), jaxlib.__version__.encode(),
+                                     " ".join([compiler] + flags).encode(), *key_parts])).hexdigest()[:16]
+    out = _cache_dir() / f"{source.stem}-{key}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         tmp_out = Path(tmp) / out.name
-        cmd = [cxx, *flags, f"-I{jax.ffi.include_dir()}", str(_SOURCE), "-o", str(tmp_out)]
+        cmd = [compiler, *flags, f"-I{jax.ffi.include_dir()}", str(source), "-o", str(tmp_out)]
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{res.stderr[-2000:]}")
         os.replace(tmp_out, out)  # atomic: concurrent builds all end with one complete file
     return out
+
+
+def _build() -> Path:
+    """Compile blockfma.cc for this machine (once; cached by source, jaxlib and CPU)."""
+    # -ffp-contract=fast: the kernel's float products are exact (its sums of products may fuse)
+    flags = ["-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC", "-pthread",
+             "-Wno-psabi"]
+    return _compile(os.environ.get("CXX", "c++"), flags, _SOURCE,
+                    [platform.machine().encode(), _cpu_flags().encode()])
 
 
 def _nvcc() -> str | None:
@@ -134,29 +140,13 @@ def _capability() -> str:
 
 def _build_gpu() -> Path:
     """Compile blockfma_gpu.cu for this machine's GPU (once; cached by source, jaxlib, nvcc, GPU)."""
-    import jaxlib
-
     nvcc = _nvcc()
     if nvcc is None:
         raise RuntimeError("no nvcc found (set TCEMU_NVCC or CUDA_HOME)")
     sm = _capability()
     flags = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{sm},code=sm_{sm}"]
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
-    src = _GPU_SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([src, jaxlib.__version__.encode(), " ".join([nvcc] + flags).encode(),
-                                     version.encode()])).hexdigest()[:16]
-    out = _cache_dir() / f"blockfma_gpu-{key}.so"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        tmp_out = Path(tmp) / out.name
-        cmd = [nvcc, *flags, f"-I{jax.ffi.include_dir()}", str(_GPU_SOURCE), "-o", str(tmp_out)]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode:
-            raise RuntimeError(f"{' '.join(cmd)} failed:\n{res.stderr[-2000:]}")
-        os.replace(tmp_out, out)
-    return out
+    return _compile(nvcc, flags, _GPU_SOURCE, [version.encode()])
 
 
 def _gpu() -> bool:
@@ -166,47 +156,43 @@ def _gpu() -> bool:
     return "cuda" in jax.devices()[0].client.platform_version.lower()
 
 
-def available_gpu() -> bool:
-    """Whether the GPU kernel is built and registered for the CUDA backend (building it on the
-    first call)."""
+def _load(which: str, build, targets: dict[str, str], platform_name: str) -> bool:
+    """Build (once) and register kernel ``which`` ("CPU" or "GPU"): its FFI handlers ``targets``
+    (registered name: symbol) for ``platform_name``; a failure warns and leaves the pure-JAX path
+    (``TCEMU_NATIVE=1``: raises)."""
     setting = _setting()
     if setting == "0":
         return False
     with _lock:
-        if "gpu_ok" not in _state:
+        if which not in _state:
             try:
-                lib = ctypes.CDLL(str(_build_gpu()))
-                jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.tcemu_blockfma_chains_gpu),
-                                            platform="CUDA")
-                _state.update(gpu_ok=True, gpu_lib=lib)
+                lib = ctypes.CDLL(str(build()))
+                for name, symbol in targets.items():
+                    jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)), platform=platform_name)
+                _state[which] = (True, lib)
             except Exception as e:  # noqa: BLE001 - any build or load failure means: use the JAX path
-                _state.update(gpu_ok=False, gpu_error=f"{type(e).__name__}: {e}")
+                _state[which] = (False, f"{type(e).__name__}: {e}")
                 if setting == "1":
-                    raise RuntimeError(f"TCEMU_NATIVE=1 but the GPU kernel could not be built: {_state['gpu_error']}")
-                warnings.warn(f"tcemu: GPU kernel unavailable, GEMMs use the slower pure-JAX path "
-                              f"({_state['gpu_error']})", RuntimeWarning, stacklevel=3)
-    return _state["gpu_ok"]
+                    raise RuntimeError(f"TCEMU_NATIVE=1 but the {which} kernel could not be built: {_state[which][1]}")
+                warnings.warn(f"tcemu: {which} kernel unavailable, using the slower pure-JAX path ({_state[which][1]})",
+                              RuntimeWarning, stacklevel=4)
+    return _state[which][0]
+
+
+def _error(which: str) -> str:
+    ok, detail = _state.get(which, (False, "TCEMU_NATIVE=0"))
+    return "TCEMU_NATIVE=0" if ok else detail
 
 
 def available() -> bool:
     """Whether the compiled CPU kernel is built and registered (building it on the first call)."""
-    setting = _setting()
-    if setting == "0":
-        return False
-    with _lock:
-        if "ok" not in _state:
-            try:
-                lib = ctypes.CDLL(str(_build()))
-                for name in (_TARGET, _GROUPED):
-                    jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
-                _state.update(ok=True, lib=lib)
-            except Exception as e:  # noqa: BLE001 - any build or load failure means: use the JAX path
-                _state.update(ok=False, error=f"{type(e).__name__}: {e}")
-                if setting == "1":
-                    raise RuntimeError(f"TCEMU_NATIVE=1 but the CPU kernel could not be built: {_state['error']}")
-                warnings.warn(f"tcemu: CPU kernel unavailable, using the slower pure-JAX path ({_state['error']})",
-                              RuntimeWarning, stacklevel=3)
-    return _state["ok"]
+    return _load("CPU", _build, {_TARGET: _TARGET, _GROUPED: _GROUPED}, "cpu")
+
+
+def available_gpu() -> bool:
+    """Whether the GPU kernel is built and registered for the CUDA backend (building it on the
+    first call)."""
+    return _load("GPU", _build_gpu, {_TARGET: "tcemu_blockfma_chains_gpu"}, "CUDA")
 
 
 def _cpu() -> bool:
@@ -271,9 +257,9 @@ def chains(a_bits, b_bits, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, model, *,
     from +0, as :func:`~tcemu._src.numerics.engine.fused_dot` would (tf32 conversion and block order
     included). NaN/inf operands follow the engine's special-value path. Under ``jax.vmap`` the
     kernel runs the whole batch in one call."""
-    if not (available_gpu() if _gpu() else available()):
-        err = _state.get("gpu_error" if _gpu() else "error", "TCEMU_NATIVE=0")
-        raise RuntimeError(f"tcemu: the compiled kernel is not available ({err})")
+    gpu = _gpu()
+    if not (available_gpu() if gpu else available()):
+        raise RuntimeError(f"tcemu: the compiled kernel is not available ({_error('GPU' if gpu else 'CPU')})")
     scaled = a_exp is not None or b_exp is not None
     kind = _KIND_SAFE if not scaled and afmt.name in _SAFE and bfmt.name in _SAFE else _KIND_HYBRID
     a_bits, b_bits = jnp.asarray(a_bits).astype(jnp.uint32), jnp.asarray(b_bits).astype(jnp.uint32)
@@ -322,7 +308,7 @@ def chains(a_bits, b_bits, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, model, *,
             full(None if a_exp is None else a_exp.astype(jnp.int32), a_bits),
             full(None if b_exp is None else b_exp.astype(jnp.int32), b_bits), words(full(c)))
     result = jax.ShapeDtypeStruct(batch + (K // chain_k, M, N), jnp.float32)
-    if _gpu():  # blockfma_gpu.cu decodes the operands into a second result (scratch)
+    if gpu:  # blockfma_gpu.cu decodes the operands into a second result (scratch)
         na, nb = (int(np.prod(x.shape[:-2], dtype=np.int64)) for x in args[1:3])
         pad4 = lambda n: -(-n // 4) * 4  # noqa: E731
         words_needed = (2 if kind == _KIND_SAFE else 3) * K * (na * pad4(M) + nb * pad4(N)) + 4
@@ -340,7 +326,7 @@ def grouped_chains(a_bits, b_bits, sa: fm.Scale, sb: fm.Scale, model, *, k: int,
     ``b_bits`` (K, N), scales decoded per group of ``model.scale_group`` (``sa`` (M, K / G), ``sb``
     (K / G, N))."""
     if not available():
-        raise RuntimeError(f"tcemu: the CPU kernel is not available ({_state.get('error', 'TCEMU_NATIVE=0')})")
+        raise RuntimeError(f"tcemu: the CPU kernel is not available ({_error('CPU')})")
     flush = not model.subnormal_inputs
 
     def values(bits):  # e2m1 as integers times 2**-1, as grouped.grouped_dot reads them

@@ -32,11 +32,14 @@
 #include <immintrin.h>
 #endif
 
+#include "blockfma.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
+
+using namespace tcemu;
 
 // output columns per vector: one native vector register of 32-bit lanes (wider generic vectors are
 // split, and partly scalarised, by the compiler)
@@ -54,17 +57,6 @@ typedef float vf __attribute__((vector_size(4 * W)));
 typedef int16_t vh __attribute__((vector_size(4 * W)));  // 2 W int16 lanes: the exponents of two rows
 
 constexpr int64_t kThreadsFrom = int64_t(1) << 21;  // products of a call worth several threads
-constexpr int32_t kBig = 1 << 20;  // engine._BIG: the exponent of NaN/inf operands
-constexpr int32_t kZeroSentinel = -kBig / 4;  // the exponent of zero operands
-constexpr int32_t kSpecialAbove = 1 << 19;  // engine._SPECIAL_ABOVE
-constexpr int32_t kZeroBelow = -(1 << 17);  // engine._ZERO_BELOW
-
-// An element format: exponent and fraction bits, the shift of its bits (tf32 in float32
-// patterns: 13), infinities (IEEE-like), NaN (all ones exponent; without infinities, all ones).
-struct Fmt {
-  int32_t eb, fb, shift;
-  bool has_inf, has_nan;
-};
 
 
 struct Params {
@@ -258,39 +250,6 @@ inline vi decode(vu bits, const Fmt& f, bool flush, vi add, vf& v, vf& sg, vi& e
   return ~(zero | special) & ((exp - f.fb < -149) | (exp > 127));
 }
 
-// Classes of one element for the special-value path (engine._product_flags, without flushing):
-// bit 0 zero, bit 1 infinity, bit 2 NaN, bit 3 sign.
-inline int32_t element_class(uint32_t bits, const Fmt& f) {
-  const uint32_t u = bits >> f.shift, frac = u & ((1u << f.fb) - 1u), ef = (u >> f.fb) & ((1u << f.eb) - 1u);
-  const uint32_t top = (1u << f.eb) - 1u;
-  bool nan = false, inf = false;
-  if (f.has_nan && ef == top) {
-    nan = f.has_inf ? frac != 0 : frac == (1u << f.fb) - 1u;
-    inf = f.has_inf && frac == 0;
-  }
-  const bool zero = (u & ((1u << (f.eb + f.fb)) - 1u)) == 0;
-  return (int32_t)zero | (int32_t)inf << 1 | (int32_t)nan << 2 | (int32_t)((u >> (f.fb + f.eb)) & 1u) << 3;
-}
-
-// The special-value path of engine._fused for one output: NaN if a product is NaN (a NaN factor, or
-// inf * 0), the accumulator is NaN, or infinities of both signs meet; else the infinity's sign.
-// arow: A's row (bits, along K); bcol: B's column (bits, stride n).
-__attribute__((noinline)) uint32_t special_value(const uint32_t* arow, const uint32_t* bcol, int64_t n,
-                                                 const Fmt& fa, const Fmt& fb, int64_t k0, int64_t L, uint32_t c) {
-  bool pos = false, neg = false, nan = false;
-  for (int64_t k = k0; k < k0 + L; k++) {
-    const int32_t a = element_class(arow[k], fa), b = element_class(bcol[k * n], fb);
-    const bool pnan = (a & 4) || (b & 4) || ((a & 2) && (b & 1)) || ((a & 1) && (b & 2));
-    const bool pinf = ((a & 2) || (b & 2)) && !pnan;
-    nan |= pnan;
-    if (pinf) ((a ^ b) & 8 ? neg : pos) = true;
-  }
-  const bool cinf = (c & 0x7FFFFFFFu) == 0x7F800000u, cnan = (c & 0x7FFFFFFFu) > 0x7F800000u;
-  if (cinf) (c >> 31 ? neg : pos) = true;
-  if (nan || cnan || (pos && neg)) return 0x7FFFFFFFu;
-  return neg ? 0xFF800000u : 0x7F800000u;
-}
-
 // One batch entry's operands as strip() reads them.
 struct Entry {
   const float* va;       // A decoded, (M rounded up to R, K); rows beyond M are 0
@@ -373,13 +332,9 @@ inline vi clamp16(vi e) { return e > 4096 ? splat(16000) : e < -4096 ? splat(-40
 inline vi pack16(vi lo, vi hi) { return (vi)(((vu)clamp16(lo) & 0xFFFFu) | ((vu)clamp16(hi) << 16u)); }
 inline vi unpack16(vi x) { return x > 8192 ? splat(2 * kBig) : x < -2048 ? splat(2 * kZeroSentinel) : x; }
 
-// How strip() reads the operands (the kernel's attribute `kind`: kSafe or kHybrid): kSafe, exact
-// values whose float32 products are exact and far from the range limits (f16, fp8, fp6, fp4);
-// kHybrid (bf16, tf32, scaled elements), exact values in blocks whose alignment exponent E keeps
-// every term exact in float32 (F - 125 <= E <= 126: a term that counts is a normal float32, one
-// that does not stays below 1), and kSplit, signed significands and a power of two per product,
-// in the other blocks (and for entries whose values a float32 cannot hold).
-enum Kind { kSplit = 0, kSafe = 1, kHybrid = 2 };
+// Kind (blockfma.h): kHybrid reads exact values where F - 125 <= E <= 126 (a term that counts is a
+// normal float32, one that does not stays below 1), significands (kSplit) in the other blocks and
+// for entries whose values a float32 cannot hold.
 
 // The fast finish rounds a block's integer sum by converting it to float32 in the rounding mode
 // of the model (MXCSR), then sets the exponent with an integer add. RoundingMode switches the
@@ -993,13 +948,6 @@ ffi::Error Grouped(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::F32> va, ffi::Bu
   return ffi::Error::Success();
 }
 
-// Strides' divisor of a buffer of `count` elements, `per` elements per entry: -1 when its entries
-// do not divide the batch.
-int64_t batch_stride(size_t count, int64_t per, int64_t batch) {
-  const int64_t n = (int64_t)count / per;
-  return (int64_t)count % per || n < 1 || batch % n ? -1 : batch / n;
-}
-
 // a, b, c and out are 32-bit words typed float32: the caller's bitcasts from and to float32
 // arrays then cancel in XLA (no copies); the kernel reads and writes them as bit patterns.
 ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
@@ -1014,14 +962,11 @@ ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::F32> a, ffi::Buff
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tcemu blockfma: A (..., M, K) and B (..., K, N) expected");
   if (out->element_count() == 0) return ffi::Error::Success();
   // formats packed as eb | fb << 8 | shift << 16 | has_inf << 24 | has_nan << 25
-  auto fmt = [](int64_t x) {
-    return Fmt{(int32_t)(x & 255), (int32_t)((x >> 8) & 255), (int32_t)((x >> 16) & 255), ((x >> 24) & 1) != 0,
-               ((x >> 25) & 1) != 0};
-  };
   Params P{ad[ad.size() - 2], bd[bd.size() - 1], ad[ad.size() - 1], chain_k, block, F, group, (int)kind,
            scale_block > 0 ? scale_block : 0, (int32_t)ab_shift,
            zero_policy != 0, (int32_t)zero_exp, has_min_exp != 0, (int32_t)min_exp, (int)mode,
-           (int)p, subnormals != 0, overflow_ieee != 0, flush_c != 0, fmt(a_format), fmt(b_format)};
+           (int)p, subnormals != 0, overflow_ieee != 0, flush_c != 0, unpack_format(a_format),
+           unpack_format(b_format)};
   if (P.M < 1 || P.N < 1 || P.chain_k <= 0 || P.K % P.chain_k || P.block <= 0 || P.chain_k % P.block ||
       P.group <= 0 || P.F > 29 || (P.kind != kSafe && P.kind != kHybrid))
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
@@ -1070,36 +1015,14 @@ ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::F32> a, ffi::Buff
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tcemu_blockfma_chains, Chains,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("chain_k")
-                                  .Attr<int64_t>("block")
-                                  .Attr<int64_t>("F")
-                                  .Attr<int64_t>("group")
-                                  .Attr<int64_t>("kind")
-                                  .Attr<int64_t>("ab_shift")
-                                  .Attr<int64_t>("zero_policy")
-                                  .Attr<int64_t>("zero_exp")
-                                  .Attr<int64_t>("has_min_exp")
-                                  .Attr<int64_t>("min_exp")
-                                  .Attr<int64_t>("mode")
-                                  .Attr<int64_t>("p")
-                                  .Attr<int64_t>("subnormals")
-                                  .Attr<int64_t>("overflow_ieee")
-                                  .Attr<int64_t>("flush_c")
-                                  .Attr<int64_t>("a_format")
-                                  .Attr<int64_t>("b_format")
-                                  .Attr<int64_t>("has_c")
-                                  .Attr<int64_t>("has_a_exp")
-                                  .Attr<int64_t>("has_b_exp")
-                                  .Attr<int64_t>("scale_block")
-                                  .Attr<int64_t>("threads"));
+                              TCEMU_CHAINS_ATTRS(ffi::Ffi::Bind()
+                                                     .Arg<ffi::Buffer<ffi::S32>>()
+                                                     .Arg<ffi::Buffer<ffi::F32>>()
+                                                     .Arg<ffi::Buffer<ffi::F32>>()
+                                                     .Arg<ffi::Buffer<ffi::S32>>()
+                                                     .Arg<ffi::Buffer<ffi::S32>>()
+                                                     .Arg<ffi::Buffer<ffi::F32>>()
+                                                     .Ret<ffi::Buffer<ffi::F32>>()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tcemu_grouped_chains, Grouped,
                               ffi::Ffi::Bind()

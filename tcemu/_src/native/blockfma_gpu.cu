@@ -18,6 +18,7 @@
 
 #include <cuda_runtime.h>
 
+#include "blockfma.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -42,16 +43,7 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int32_t kBig = 1 << 20;              // engine._BIG: the exponent of NaN/inf operands
-constexpr int32_t kZeroSentinel = -kBig / 4;   // the exponent of zero operands
-constexpr int32_t kSpecialAbove = 1 << 19;     // engine._SPECIAL_ABOVE
-constexpr int32_t kZeroBelow = -(1 << 17);     // engine._ZERO_BELOW
-enum Kind { kSplit = 0, kSafe = 1, kHybrid = 2 };
-
-struct Fmt {
-  int32_t eb, fb, shift;
-  bool has_inf, has_nan;
-};
+using namespace tcemu;
 
 struct Params {
   int64_t M, N, K, chain_k, block, F, Mp, Np;
@@ -73,7 +65,6 @@ struct Params {
 struct Ptrs {
   const int32_t* lens;
   const uint32_t *a, *b, *c;       // bits: A (.., M, K), B (.., K, N), C (.., M, N) or null
-  const int32_t *a_exp, *b_exp;    // exponents added (per element, or per block of sblock)
   const float *va, *vb, *sa, *sb;  // decoded: values, signed significands (A as (K, Mp), B (K, Np))
   const int32_t *ea, *eb;          // exponents with sentinels
   const int* inexact;              // some value a float32 cannot hold exactly: split terms only
@@ -112,7 +103,7 @@ __device__ bool decode(uint32_t bits, const Fmt& f, bool flush, int32_t add, flo
 // transpose: out[(entry, c, r)] with r padded to Rp (A: (K, Mp)); else out[(entry, r, c)] with c
 // padded to Cp (B: (K, Np)). Padding decodes as zero.
 __global__ void decode_kernel(const uint32_t* bits, const int32_t* add, Fmt f, bool flush, int64_t count, int64_t R,
-                              int64_t C, int64_t Rp, int64_t Cp, bool transpose, int64_t sblock, bool along_cols,
+                              int64_t C, int64_t Rp, int64_t Cp, bool transpose, int64_t sblock,
                               float* v, float* sg, int32_t* e, int* inexact) {
   const int64_t per = transpose ? C * Rp : R * Cp;
   const int64_t total = count * per;
@@ -134,7 +125,7 @@ __global__ void decode_kernel(const uint32_t* bits, const int32_t* add, Fmt f, b
       if (add) {  // per element, or per block of sblock along K (A: columns, B: rows)
         if (!sblock) {
           ad = add[entry * R * C + r * C + c];
-        } else if (along_cols) {
+        } else if (transpose) {  // A: blocks along its columns (K)
           ad = add[entry * R * (C / sblock) + r * (C / sblock) + c / sblock];
         } else {
           ad = add[entry * (R / sblock) * C + (r / sblock) * C + c];
@@ -147,40 +138,6 @@ __global__ void decode_kernel(const uint32_t* bits, const int32_t* add, Fmt f, b
     e[i] = fe;
   }
   if (bad) atomicOr(inexact, 1);
-}
-
-// Classes of one element (bit 0 zero, 1 infinity, 2 NaN, 3 sign) and the special-value path of
-// engine._fused for one output (blockfma.cc special_value).
-__device__ int32_t element_class(uint32_t bits, const Fmt& f) {
-  const uint32_t u = bits >> f.shift, frac = u & ((1u << f.fb) - 1u), ef = (u >> f.fb) & ((1u << f.eb) - 1u);
-  const uint32_t top = (1u << f.eb) - 1u;
-  bool nan = false, inf = false;
-  if (f.has_nan && ef == top) {
-    nan = f.has_inf ? frac != 0 : frac == (1u << f.fb) - 1u;
-    inf = f.has_inf && frac == 0;
-  }
-  const bool zero = (u & ((1u << (f.eb + f.fb)) - 1u)) == 0;
-  return (int32_t)zero | (int32_t)inf << 1 | (int32_t)nan << 2 | (int32_t)((u >> (f.fb + f.eb)) & 1u) << 3;
-}
-
-__device__ __noinline__ uint32_t special_value(const uint32_t* arow, const uint32_t* bcol, int64_t n, const Fmt& fa,
-                                               const Fmt& fb, int64_t k0, int64_t L, uint32_t c) {
-  bool pos = false, neg = false, nan = false;
-  for (int64_t k = k0; k < k0 + L; k++) {
-    const int32_t a = element_class(arow[k], fa), b = element_class(bcol[k * n], fb);
-    const bool pnan = (a & 4) || (b & 4) || ((a & 2) && (b & 1)) || ((a & 1) && (b & 2));
-    const bool pinf = ((a & 2) || (b & 2)) && !pnan;
-    nan |= pnan;
-    if (pinf) {
-      if ((a ^ b) & 8) neg = true; else pos = true;
-    }
-  }
-  const bool cinf = (c & 0x7FFFFFFFu) == 0x7F800000u, cnan = (c & 0x7FFFFFFFu) > 0x7F800000u;
-  if (cinf) {
-    if (c >> 31) neg = true; else pos = true;
-  }
-  if (nan || cnan || (pos && neg)) return 0x7FFFFFFFu;
-  return neg ? 0xFF800000u : 0x7F800000u;
 }
 
 // rounding.round_pack32 + _finish (blockfma.cc round_pack, general path) for one value:
@@ -514,11 +471,6 @@ KernelFn pick(int kind, bool wide, int64_t L) {
   return wide ? pick_block<TM, TN, kHybrid, true>(L) : pick_block<TM, TN, kHybrid, false>(L);
 }
 
-int64_t batch_stride(size_t count, int64_t per, int64_t batch) {
-  const int64_t n = (int64_t)count / per;
-  return (int64_t)count % per || n < 1 || batch % n ? -1 : batch / n;
-}
-
 ffi::Error Chains(cudaStream_t stream, ffi::Buffer<ffi::S32> lens,
                   ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b, ffi::Buffer<ffi::S32> a_exp,
                   ffi::Buffer<ffi::S32> b_exp, ffi::Buffer<ffi::F32> c, ffi::ResultBuffer<ffi::F32> out,
@@ -531,10 +483,6 @@ ffi::Error Chains(cudaStream_t stream, ffi::Buffer<ffi::S32> lens,
   if (ad.size() < 2 || bd.size() < 2 || ad[ad.size() - 1] != bd[bd.size() - 2])
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tcemu blockfma: A (..., M, K) and B (..., K, N) expected");
   if (out->element_count() == 0) return ffi::Error::Success();
-  auto fmt = [](int64_t x) {
-    return Fmt{(int32_t)(x & 255), (int32_t)((x >> 8) & 255), (int32_t)((x >> 16) & 255), ((x >> 24) & 1) != 0,
-               ((x >> 25) & 1) != 0};
-  };
   Params P{};
   P.M = ad[ad.size() - 2];
   P.N = bd[bd.size() - 1];
@@ -556,8 +504,8 @@ ffi::Error Chains(cudaStream_t stream, ffi::Buffer<ffi::S32> lens,
   P.subnormals = subnormals != 0;
   P.overflow_ieee = overflow_ieee != 0;
   P.flush_c = flush_c != 0;
-  P.fa = fmt(a_format);
-  P.fb = fmt(b_format);
+  P.fa = unpack_format(a_format);
+  P.fb = unpack_format(b_format);
   P.has_c = has_c != 0;
   P.has_ae = has_a_exp != 0;
   P.has_be = has_b_exp != 0;
@@ -602,12 +550,12 @@ ffi::Error Chains(cudaStream_t stream, ffi::Buffer<ffi::S32> lens,
   auto grid_for = [&](int64_t n) { return (unsigned)std::min<int64_t>((n + threads_per - 1) / threads_per, 65536); };
   decode_kernel<<<grid_for(sa_n), threads_per, 0, stream>>>(
       words(a.typed_data()), P.has_ae ? a_exp.typed_data() : nullptr, P.fa, P.flush_c, na, P.M, P.K, P.Mp, P.K, true,
-      P.sblock, true, va, sa, ea, inexact);
+      P.sblock, va, sa, ea, inexact);
   decode_kernel<<<grid_for(sb_n), threads_per, 0, stream>>>(
       words(b.typed_data()), P.has_be ? b_exp.typed_data() : nullptr, P.fb, P.flush_c, nb, P.K, P.N, P.K, P.Np, false,
-      P.sblock, false, vb, sb, eb, inexact);
+      P.sblock, vb, sb, eb, inexact);
   Ptrs X{lens.typed_data(), words(a.typed_data()), words(b.typed_data()),
-         P.has_c ? words(c.typed_data()) : nullptr, nullptr, nullptr, va, vb, sa, sb, ea, eb, inexact,
+         P.has_c ? words(c.typed_data()) : nullptr, va, vb, sa, sb, ea, eb, inexact,
          reinterpret_cast<uint32_t*>(out->typed_data())};
   const bool wide = P.block * (int64_t(1) << (P.F + 2)) > (int64_t(1) << 31) - 1;
   const bool small = P.M * P.N < 16384;  // tiles of 16 x 16 outputs, else TM x TN per thread
@@ -625,35 +573,13 @@ ffi::Error Chains(cudaStream_t stream, ffi::Buffer<ffi::S32> lens,
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tcemu_blockfma_chains_gpu, Chains,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Attr<int64_t>("chain_k")
-                                  .Attr<int64_t>("block")
-                                  .Attr<int64_t>("F")
-                                  .Attr<int64_t>("group")
-                                  .Attr<int64_t>("kind")
-                                  .Attr<int64_t>("ab_shift")
-                                  .Attr<int64_t>("zero_policy")
-                                  .Attr<int64_t>("zero_exp")
-                                  .Attr<int64_t>("has_min_exp")
-                                  .Attr<int64_t>("min_exp")
-                                  .Attr<int64_t>("mode")
-                                  .Attr<int64_t>("p")
-                                  .Attr<int64_t>("subnormals")
-                                  .Attr<int64_t>("overflow_ieee")
-                                  .Attr<int64_t>("flush_c")
-                                  .Attr<int64_t>("a_format")
-                                  .Attr<int64_t>("b_format")
-                                  .Attr<int64_t>("has_c")
-                                  .Attr<int64_t>("has_a_exp")
-                                  .Attr<int64_t>("has_b_exp")
-                                  .Attr<int64_t>("scale_block")
-                                  .Attr<int64_t>("threads"));
+                              TCEMU_CHAINS_ATTRS(ffi::Ffi::Bind()
+                                                     .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                                     .Arg<ffi::Buffer<ffi::S32>>()
+                                                     .Arg<ffi::Buffer<ffi::F32>>()
+                                                     .Arg<ffi::Buffer<ffi::F32>>()
+                                                     .Arg<ffi::Buffer<ffi::S32>>()
+                                                     .Arg<ffi::Buffer<ffi::S32>>()
+                                                     .Arg<ffi::Buffer<ffi::F32>>()
+                                                     .Ret<ffi::Buffer<ffi::F32>>()
+                                                     .Ret<ffi::Buffer<ffi::S32>>()));
