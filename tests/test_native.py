@@ -184,6 +184,29 @@ def test_block_scaled_equal_engine(monkeypatch):
     _check(monkeypatch, cfg, a, b, (sa.at[3, 1].set(255), sb))
 
 
+LARGE = [("H100", H100_F16, "f16", "f16", {}), ("H100", H100_TF32, "tf32", "tf32", {}),
+         ("V100", WMMA_F16, "f16", "f16", {}), ("A100", H100_BF16, "bf16", "bf16", {}),
+         ("H100", H100_E4M3, "e4m3", "e4m3", {}), ("sm_89", SM89_E4M3, "e4m3", "e5m2", {}),
+         ("sm_120", SM120.format("e4m3", "e2m1"), "e4m3", "e2m1", {}), ("sm_120", SM120_MX, "e4m3", "e2m1", {}),
+         ("H100", H100_BF16, "bf16", "bf16", dict(schedule=tcemu.KSchedule(k_tile=64, residue="first", slices=2)))]
+
+
+@pytest.mark.parametrize("arch,ins,at,bt,sched", LARGE, ids=[f"{f[0]}-{f[2]}{i}" for i, f in enumerate(LARGE)])
+def test_large_outputs_equal_engine(monkeypatch, arch, ins, at, bt, sched):
+    """GEMMs of at least 128 x 128 outputs (the GPU kernel's 4 x 2 outputs per thread, blocks of 4
+    to 32 products, several blocks per shared-memory tile, chains that end inside a tile, terms
+    summed in int32, int64 or float32), with a few NaN/inf/huge elements."""
+    rng = np.random.default_rng(len(ins) + len(sched))
+    cfg = tcemu.GemmConfig(arch=arch, instruction=ins, **sched)
+    a, b = _bits(rng, (133, 192), at, specials=4), _bits(rng, (192, 131), bt, specials=4)
+    if "block_scale" in ins:
+        sa = jnp.asarray(rng.integers(100, 160, (133, 6)).astype(np.uint32))
+        sb = jnp.asarray(rng.integers(90, 170, (6, 131)).astype(np.uint32))
+        _check(monkeypatch, cfg, a, b, (sa, sb))
+    else:
+        _check(monkeypatch, cfg, a, b)
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_shapes_equal_engine(monkeypatch, seed):
     """Shapes that are not multiples of the kernel's 4 x 16 output tiles or of the instruction."""

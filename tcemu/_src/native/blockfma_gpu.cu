@@ -1,6 +1,6 @@
 // Chains of fused block FMAs on NVIDIA GPUs: blockfma.cc's custom call (same operands, attributes
 // and bits) for XLA's CUDA backend. Each thread owns a TM x TN tile of outputs (a block of 16 x 16
-// threads shares the decoded operand rows of each block of products through shared memory) and runs
+// threads shares the decoded operand rows of up to 32 products through shared memory) and runs
 // every chain of its tile as blockfma.cc does for one lane: per block of L products the alignment exponent E,
 // every product truncated toward zero F bits below E (exact float32 products of exact element
 // values, scaled by 2**(F - E) and converted with truncation; or, for bf16 / tf32 / scaled blocks
@@ -24,7 +24,8 @@
 namespace ffi = xla::ffi;
 
 // Outputs per thread (TM rows x TN columns), the blocks of 256 threads an SM should hold (the
-// register budget) and the unrolling of the product loops: tuned on an H100 (benchmarks/RESULTS.md).
+// register budget; bf16/tf32/scaled kernels with int64 group sums spill at 4) and the unrolling of
+// the product loops: tuned on an H100 (benchmarks/RESULTS.md).
 #ifndef TCEMU_TM
 #define TCEMU_TM 4
 #endif
@@ -40,13 +41,16 @@ namespace ffi = xla::ffi;
 #ifndef TCEMU_MINB
 #define TCEMU_MINB 4
 #endif
+#ifndef TCEMU_MINB_HYBRID_GROUPS
+#define TCEMU_MINB_HYBRID_GROUPS 3
+#endif
 
 namespace {
 
 using namespace tcemu;
 
 struct Params {
-  int64_t M, N, K, chain_k, block, F, Mp, Np;
+  int64_t M, N, K, chain_k, block, F, Mp, Np, group;
   int kind;
   int64_t sblock;
   int32_t ab_shift;
@@ -265,15 +269,20 @@ __device__ __noinline__ int32_t block_exponent(const Params& P, const int32_t (*
   return E;
 }
 
+// How a block's terms are summed (|term| < 2**(F + 2)): kOne, one int32 word that the accumulator's
+// term cannot wrap; kWrap, one int32 word that it may wrap (then the exact finish); kGroups, int32
+// sums of P.group terms (at most 2**31 / 2**(F + 2)) added in int64.
+enum Sums { kOne = 0, kWrap = 1, kGroups = 2 };
+
 // One block of 16 x 16 threads: output rows [bm0, bm0 + 16 TM) and columns [bn0, bn0 + 16 TN) of
 // every batch entry from blockIdx.z, every chain; thread (x, y) owns rows bm0 + y TM .. and columns
-// bn0 + x TN ... Per block of L products the threads copy the decoded rows k0 .. k0 + L of their
-// tile to shared memory. Per output the registers hold the accumulator, the scale 2**(F - E)
-// (E - F and the range checks follow from its exponent field) and the block's sum. Lc: the block
-// length (0: P.block, at most kLmax); How: Kind; Wide: int64 block sums.
-template <int TM, int TN, int Lc, int How, bool Wide>
-__global__ void __launch_bounds__(256, TCEMU_MINB) chains_kernel(Params P, Ptrs X) {
-  typedef typename std::conditional<Wide, long long, int32_t>::type Sum;
+// bn0 + x TN ... The threads copy the decoded rows of up to kLmax products (whole blocks of L) of
+// their tile to shared memory at a time. Per output the registers hold the accumulator, the scale
+// 2**(F - E) (E - F and the range checks follow from its exponent field) and the block's sum.
+// Lc: the block length (0: P.block, at most kLmax); How: Kind; Sum: Sums.
+template <int TM, int TN, int Lc, int How, int Sum>
+__global__ void __launch_bounds__(256, How == kHybrid && Sum == kGroups ? TCEMU_MINB_HYBRID_GROUPS : TCEMU_MINB) chains_kernel(Params P, Ptrs X) {
+  typedef typename std::conditional<Sum == kGroups, long long, int32_t>::type Total;
   constexpr int BM = 16 * TM, BN = 16 * TN;
   __shared__ __align__(16) float s_va[kLmax][BM];
   __shared__ __align__(16) int32_t s_ea[kLmax][BM];
@@ -283,7 +292,7 @@ __global__ void __launch_bounds__(256, TCEMU_MINB) chains_kernel(Params P, Ptrs 
   const int64_t bm0 = (int64_t)blockIdx.y * BM, bn0 = (int64_t)blockIdx.x * BN;
   const int64_t m0 = bm0 + ty * TM, n0 = bn0 + tx * TN;
   const int64_t K = P.K, M = P.M, N = P.N, Mp = P.Mp, Np = P.Np;
-  const int L = Lc ? Lc : (int)P.block;
+  const int L = Lc ? Lc : (int)P.block, KT = kLmax / L * L, G = (int)P.group;
   const int F = (int)P.F;
   const int32_t keep = ~((1 << (23 - P.p)) - 1);
   const bool fast = (P.p == 23 ? P.mode != 2 : P.mode == 0) && L * (int64_t(1) << (F + 2)) <= (int64_t(1) << 40);
@@ -309,138 +318,161 @@ __global__ void __launch_bounds__(256, TCEMU_MINB) chains_kernel(Params P, Ptrs 
           acc[i][j] = (cbits && m < M && n < N) ? cbits[m * N + n] : 0u;
         }
       const int64_t end = c0 + lens[c0 / P.chain_k];
-      for (int64_t k0 = c0; k0 < end; k0 += L) {
-        __syncthreads();  // the previous block's tiles are read
-        for (int q = tid; q < L * (BM / 4); q += 256) {  // 16-byte pieces of the tiles (zeros beyond Mp, Np)
+      for (int64_t t0 = c0; t0 < end; t0 += KT) {
+        const int rows = (int)min((int64_t)KT, (end - t0 + L - 1) / L * L);  // whole blocks
+        __syncthreads();  // the previous tile is read
+        for (int q = tid; q < rows * (BM / 4); q += 256) {  // 16-byte pieces of the tiles (zeros beyond Mp, Np)
           const int kk = q / (BM / 4), c = 4 * (q % (BM / 4));
           const bool in = bm0 + c < Mp;
-          const int64_t o = (k0 + kk) * Mp + c;
+          const int64_t o = (t0 + kk) * Mp + c;
           *reinterpret_cast<float4*>(&s_va[kk][c]) = in ? __ldg(reinterpret_cast<const float4*>(va + o)) : float4{};
           *reinterpret_cast<int4*>(&s_ea[kk][c]) =
               in ? __ldg(reinterpret_cast<const int4*>(ea + o)) : int4{kZeroSentinel, kZeroSentinel, kZeroSentinel, kZeroSentinel};
         }
-        for (int q = tid; q < L * (BN / 4); q += 256) {
+        for (int q = tid; q < rows * (BN / 4); q += 256) {
           const int kk = q / (BN / 4), c = 4 * (q % (BN / 4));
           const bool in = bn0 + c < Np;
-          const int64_t o = (k0 + kk) * Np + c;
+          const int64_t o = (t0 + kk) * Np + c;
           *reinterpret_cast<float4*>(&s_vb[kk][c]) = in ? __ldg(reinterpret_cast<const float4*>(vb + o)) : float4{};
           *reinterpret_cast<int4*>(&s_eb[kk][c]) =
               in ? __ldg(reinterpret_cast<const int4*>(eb + o)) : int4{kZeroSentinel, kZeroSentinel, kZeroSentinel, kZeroSentinel};
         }
         __syncthreads();
-        float scale[TM][TN];
-        {
-          int32_t E[TM][TN];
-#pragma unroll
-          for (int i = 0; i < TM; i++)
-#pragma unroll
-            for (int j = 0; j < TN; j++) E[i][j] = acc_exponent(acc[i][j], P.flush_c, P.zero_exp);
-          TCEMU_PRAGMA(unroll TCEMU_UNROLL)
-          for (int kk = 0; kk < L; kk++) {
-            int32_t a[TM], b[TN];
-            load<TM>(&s_ea[kk][ty * TM], a);
-            load<TN>(&s_eb[kk][tx * TN], b);
+        for (int kb = 0; kb < rows; kb += L) {  // the blocks of products k0 .. k0 + L: tile rows kb ..
+          const int64_t k0 = t0 + kb;
+          float scale[TM][TN];
+          {
+            int32_t E[TM][TN];
 #pragma unroll
             for (int i = 0; i < TM; i++)
 #pragma unroll
-              for (int j = 0; j < TN; j++) E[i][j] = max(E[i][j], a[i] + b[j]);
-          }
+              for (int j = 0; j < TN; j++) E[i][j] = acc_exponent(acc[i][j], P.flush_c, P.zero_exp);
+            TCEMU_PRAGMA(unroll TCEMU_UNROLL)
+            for (int kk = kb; kk < kb + L; kk++) {
+              int32_t a[TM], b[TN];
+              load<TM>(&s_ea[kk][ty * TM], a);
+              load<TN>(&s_eb[kk][tx * TN], b);
 #pragma unroll
-          for (int i = 0; i < TM; i++)
+              for (int i = 0; i < TM; i++)
 #pragma unroll
-            for (int j = 0; j < TN; j++) {
-              int32_t e = E[i][j];
-              if (P.zero_policy && e < P.zero_exp)
-                e = block_exponent<BM, BN>(P, s_ea, s_eb, L, ty * TM + i, tx * TN + j, acc[i][j]);
-              if (P.has_min_exp) e = max(e, P.min_exp);
-              scale[i][j] = pow2f(clampi(F - e + 127, 1, 254));
+                for (int j = 0; j < TN; j++) E[i][j] = max(E[i][j], a[i] + b[j]);
             }
-        }
-        // E - F = 127 - (scale's exponent field) where the field is within [2, 253]
-        auto field = [&](int i, int j) { return __float_as_int(scale[i][j]) >> 23; };
-        Sum S[TM][TN];
-#pragma unroll
-        for (int i = 0; i < TM; i++)
-#pragma unroll
-          for (int j = 0; j < TN; j++) S[i][j] = 0;
-        bool values = How == kSafe;
-        if (How == kHybrid && !split_all) {  // every term exact in float32: F - 125 <= E <= 126
-          values = true;
-#pragma unroll
-          for (int i = 0; i < TM; i++)
-#pragma unroll
-            for (int j = 0; j < TN; j++) values &= field(i, j) >= F + 1 && field(i, j) <= 252;
-        }
-        if (values) {
-          TCEMU_PRAGMA(unroll TCEMU_UNROLL)
-          for (int kk = 0; kk < L; kk++) {
-            float a[TM], b[TN];
-            load<TM>(&s_va[kk][ty * TM], a);
-            load<TN>(&s_vb[kk][tx * TN], b);
 #pragma unroll
             for (int i = 0; i < TM; i++)
 #pragma unroll
-              for (int j = 0; j < TN; j++) S[i][j] += __float2int_rz(__fmul_rn(__fmul_rn(b[j], a[i]), scale[i][j]));
+              for (int j = 0; j < TN; j++) {
+                int32_t e = E[i][j];
+                if (P.zero_policy && e < P.zero_exp)
+                  e = block_exponent<BM, BN>(P, s_ea + kb, s_eb + kb, L, ty * TM + i, tx * TN + j, acc[i][j]);
+                if (P.has_min_exp) e = max(e, P.min_exp);
+                scale[i][j] = pow2f(clampi(F - e + 127, 1, 254));
+              }
           }
-        } else {  // rare: significands times a power of two per product
-          const float* sa = X.sa + ia * K * Mp + m0;
-          const float* sb = X.sb + ib * K * Np + n0;
+          // E - F = 127 - (scale's exponent field) where the field is within [2, 253]
+          auto field = [&](int i, int j) { return __float_as_int(scale[i][j]) >> 23; };
+          // S += trunc(a * b * 2**(F - E)) over tile rows [lo, hi)
+          auto terms = [&](int lo, int hi, int32_t (&S)[TM][TN]) {
+            TCEMU_PRAGMA(unroll TCEMU_UNROLL)
+            for (int kk = lo; kk < hi; kk++) {
+              float a[TM], b[TN];
+              load<TM>(&s_va[kk][ty * TM], a);
+              load<TN>(&s_vb[kk][tx * TN], b);
+#pragma unroll
+              for (int i = 0; i < TM; i++)
+#pragma unroll
+                for (int j = 0; j < TN; j++) S[i][j] += __float2int_rz(__fmul_rn(__fmul_rn(b[j], a[i]), scale[i][j]));
+            }
+          };
+          Total T[TM][TN];
+          bool values = How == kSafe;
+          if (How == kHybrid && !split_all) {  // every term exact in float32: F - 125 <= E <= 126
+            values = true;
+#pragma unroll
+            for (int i = 0; i < TM; i++)
+#pragma unroll
+              for (int j = 0; j < TN; j++) values &= (uint32_t)(field(i, j) - (F + 1)) <= (uint32_t)(251 - F);
+          }
+          if (values) {
+            int32_t S[TM][TN];
+#pragma unroll
+            for (int i = 0; i < TM; i++)
+#pragma unroll
+              for (int j = 0; j < TN; j++) T[i][j] = S[i][j] = 0;
+            if (Sum == kGroups) {
+              for (int g = kb; g < kb + L; g += G) {
+                terms(g, min(g + G, kb + L), S);
+#pragma unroll
+                for (int i = 0; i < TM; i++)
+#pragma unroll
+                  for (int j = 0; j < TN; j++) T[i][j] += S[i][j], S[i][j] = 0;
+              }
+            } else {
+              terms(kb, kb + L, S);
+#pragma unroll
+              for (int i = 0; i < TM; i++)
+#pragma unroll
+                for (int j = 0; j < TN; j++) T[i][j] = S[i][j];
+            }
+          } else {  // rare: significands times a power of two per product
+            const float* sa = X.sa + ia * K * Mp + m0;
+            const float* sb = X.sb + ib * K * Np + n0;
+#pragma unroll
+            for (int i = 0; i < TM; i++)
+#pragma unroll
+              for (int j = 0; j < TN; j++) {
+                const int32_t e = block_exponent<BM, BN>(P, s_ea + kb, s_eb + kb, L, ty * TM + i, tx * TN + j, acc[i][j]);
+                Total t = 0;
+                for (int kk = 0; kk < L; kk++) {
+                  const int32_t x = max(s_eb[kb + kk][tx * TN + j] + s_ea[kb + kk][ty * TM + i] + split_bias - e, 1);
+                  t += __float2int_rz(__fmul_rn(__fmul_rn(sb[(k0 + kk) * Np + j], sa[(k0 + kk) * Mp + i]),
+                                                pow2f(min(x, 254))));
+                }
+                T[i][j] = t;
+              }
+          }
+          uint32_t badmask = 0;  // outputs the fast finish does not hold for
 #pragma unroll
           for (int i = 0; i < TM; i++)
 #pragma unroll
             for (int j = 0; j < TN; j++) {
-              const int32_t e = block_exponent<BM, BN>(P, s_ea, s_eb, L, ty * TM + i, tx * TN + j, acc[i][j]);
-              Sum t = 0;
-              for (int kk = 0; kk < L; kk++) {
-                const int32_t x = max(s_eb[kk][tx * TN + j] + s_ea[kk][ty * TM + i] + split_bias - e, 1);
-                t += __float2int_rz(__fmul_rn(__fmul_rn(sb[(k0 + kk) * Np + j], sa[(k0 + kk) * Mp + i]),
-                                              pow2f(min(x, 254))));
+              const int32_t ef = field(i, j), d = 127 - ef;  // d = E - F
+              const uint32_t c = acc[i][j];
+              bool bad = !fast || (uint32_t)(ef - 31) > 222u;  // ef within [31, 253]
+              uint32_t bits = 0;
+              if (!bad) {
+                float cv = __uint_as_float(c);
+                if (P.flush_c && ((c >> 23) & 255) == 0) cv = 0.0f;
+                int32_t fb;
+                bool zero;
+                if (Sum == kGroups) {
+                  const int64_t s = (int64_t)T[i][j] + (int64_t)__float2ll_rz(__fmul_rn(cv, scale[i][j]));
+                  fb = __float_as_int(to_float(s, P.mode));
+                  zero = s == 0;
+                } else {  // |tc| < 2**(F + 1)
+                  const int32_t tc = __float2int_rz(__fmul_rn(cv, scale[i][j]));
+                  const int32_t s = (int32_t)((uint32_t)T[i][j] + (uint32_t)tc);
+                  if (Sum == kWrap) bad = ((T[i][j] ^ s) & (tc ^ s)) < 0;
+                  fb = __float_as_int(to_float32(s, P.mode));
+                  zero = s == 0;
+                }
+                const int32_t be = ((fb >> 23) & 255) + d;
+                bad |= !zero && (uint32_t)(be - 1) > 253u;  // be within [1, 254]
+                bits = zero ? 0u : (uint32_t)(fb & keep) + ((uint32_t)d << 23);
               }
-              S[i][j] = t;
+              if (bad) badmask |= 1u << (i * TN + j);
+              acc[i][j] = bad ? c : bits;
             }
-        }
-        uint32_t badmask = 0;  // outputs the fast finish does not hold for
+          if (badmask) {  // rare: the exact finish, one output at a time
 #pragma unroll
-        for (int i = 0; i < TM; i++)
+            for (int i = 0; i < TM; i++)
 #pragma unroll
-          for (int j = 0; j < TN; j++) {
-            const int32_t ef = field(i, j), d = 127 - ef;  // d = E - F
-            const uint32_t c = acc[i][j];
-            bool bad = !fast || ef < 31 || ef > 253;
-            uint32_t bits = 0;
-            if (!bad) {
-              float cv = __uint_as_float(c);
-              if (P.flush_c && ((c >> 23) & 255) == 0) cv = 0.0f;
-              int32_t fb;
-              bool zero;
-              if (Wide) {
-                const int64_t s = (int64_t)S[i][j] + (int64_t)__float2ll_rz(__fmul_rn(cv, scale[i][j]));
-                fb = __float_as_int(to_float(s, P.mode));
-                zero = s == 0;
-              } else {  // |S| < 2**31 and |tc| < 2**(F + 1): the int32 sum may wrap (then the exact finish)
-                const int32_t tc = __float2int_rz(__fmul_rn(cv, scale[i][j]));
-                const int32_t s = (int32_t)((uint32_t)S[i][j] + (uint32_t)tc);
-                bad = ((S[i][j] ^ s) & (tc ^ s)) < 0;
-                fb = __float_as_int(to_float32(s, P.mode));
-                zero = s == 0;
+              for (int j = 0; j < TN; j++) {
+                if (!((badmask >> (i * TN + j)) & 1u)) continue;
+                const int32_t e = block_exponent<BM, BN>(P, s_ea + kb, s_eb + kb, L, ty * TM + i, tx * TN + j, acc[i][j]);
+                const int64_t m = min(m0 + i, M - 1), n = min(n0 + j, N - 1);
+                acc[i][j] = finish(P, (int64_t)T[i][j], e, acc[i][j], abits + m * K, bbits + n, k0);
               }
-              const int32_t be = ((fb >> 23) & 255) + d;
-              bad |= !zero && (be < 1 || be > 254);
-              bits = zero ? 0u : (uint32_t)(fb & keep) + ((uint32_t)d << 23);
-            }
-            if (bad) badmask |= 1u << (i * TN + j);
-            acc[i][j] = bad ? c : bits;
           }
-        if (badmask) {  // rare: the exact finish, one output at a time
-#pragma unroll
-          for (int i = 0; i < TM; i++)
-#pragma unroll
-            for (int j = 0; j < TN; j++) {
-              if (!((badmask >> (i * TN + j)) & 1u)) continue;
-              const int32_t e = block_exponent<BM, BN>(P, s_ea, s_eb, L, ty * TM + i, tx * TN + j, acc[i][j]);
-              const int64_t m = min(m0 + i, M - 1), n = min(n0 + j, N - 1);
-              acc[i][j] = finish(P, (int64_t)S[i][j], e, acc[i][j], abits + m * K, bbits + n, k0);
-            }
         }
       }
       const int64_t chain = c0 / P.chain_k;
@@ -458,17 +490,24 @@ __global__ void __launch_bounds__(256, TCEMU_MINB) chains_kernel(Params P, Ptrs 
 
 typedef void (*KernelFn)(Params, Ptrs);
 
-template <int TM, int TN, int How, bool Wide>
-KernelFn pick_block(int64_t L) {
-  return L == 4 ? chains_kernel<TM, TN, 4, How, Wide> : L == 8 ? chains_kernel<TM, TN, 8, How, Wide>
-         : L == 16 ? chains_kernel<TM, TN, 16, How, Wide> : L == 32 ? chains_kernel<TM, TN, 32, How, Wide>
-         : chains_kernel<TM, TN, 0, How, Wide>;
+// Tiles of 4 x 2 outputs per thread, specialised on the block length; 1 x 1 (small GEMMs): generic.
+template <int How, int Sum>
+KernelFn pick_sums(int64_t L, bool small) {
+  if (small) return chains_kernel<1, 1, 0, How, Sum>;
+  constexpr int TM = TCEMU_TM, TN = TCEMU_TN;
+  return L == 4 ? chains_kernel<TM, TN, 4, How, Sum> : L == 8 ? chains_kernel<TM, TN, 8, How, Sum>
+         : L == 16 ? chains_kernel<TM, TN, 16, How, Sum> : L == 32 ? chains_kernel<TM, TN, 32, How, Sum>
+         : chains_kernel<TM, TN, 0, How, Sum>;
 }
 
-template <int TM, int TN>
-KernelFn pick(int kind, bool wide, int64_t L) {
-  if (kind == kSafe) return wide ? pick_block<TM, TN, kSafe, true>(L) : pick_block<TM, TN, kSafe, false>(L);
-  return wide ? pick_block<TM, TN, kHybrid, true>(L) : pick_block<TM, TN, kHybrid, false>(L);
+template <int How>
+KernelFn pick_how(int sum, int64_t L, bool small) {
+  return sum == kOne ? pick_sums<How, kOne>(L, small) : sum == kWrap ? pick_sums<How, kWrap>(L, small)
+                                                                     : pick_sums<How, kGroups>(L, small);
+}
+
+KernelFn pick(int kind, int sum, int64_t L, bool small) {
+  return kind == kSafe ? pick_how<kSafe>(sum, L, small) : pick_how<kHybrid>(sum, L, small);
 }
 
 ffi::Error Chains(cudaStream_t stream, ffi::Buffer<ffi::S32> lens,
@@ -557,11 +596,14 @@ ffi::Error Chains(cudaStream_t stream, ffi::Buffer<ffi::S32> lens,
   Ptrs X{lens.typed_data(), words(a.typed_data()), words(b.typed_data()),
          P.has_c ? words(c.typed_data()) : nullptr, va, vb, sa, sb, ea, eb, inexact,
          reinterpret_cast<uint32_t*>(out->typed_data())};
-  const bool wide = P.block * (int64_t(1) << (P.F + 2)) > (int64_t(1) << 31) - 1;
+  // int32 sums of P.group terms of magnitude below 2**(F + 2); the accumulator's term: below 2**(F + 1)
+  P.group = std::min<int64_t>(P.block, int64_t(1) << std::min<int64_t>(29 - P.F, 40));
+  const int64_t most = P.block * ((int64_t(1) << (P.F + 2)) - 1) + (int64_t(1) << (P.F + 1)) - 1;
+  const int sum = P.group < P.block ? kGroups : most > (int64_t(1) << 31) - 1 ? kWrap : kOne;
   const bool small = P.M * P.N < 16384;  // tiles of 16 x 16 outputs, else TM x TN per thread
   dim3 tb(16, 16);
   const int tm = small ? 1 : TCEMU_TM, tn = small ? 1 : TCEMU_TN;
-  KernelFn fn = small ? pick<1, 1>(P.kind, wide, P.block) : pick<TCEMU_TM, TCEMU_TN>(P.kind, wide, P.block);
+  KernelFn fn = pick(P.kind, sum, P.block, small);
   dim3 grid((unsigned)((P.N + 16 * tn - 1) / (16 * tn)), (unsigned)((P.M + 16 * tm - 1) / (16 * tm)),
             (unsigned)std::min<int64_t>(batch, 65535));
   fn<<<grid, tb, 0, stream>>>(P, X);
