@@ -217,25 +217,6 @@ __device__ __noinline__ uint32_t finish(const Params& P, int64_t S, int32_t E, u
   return round_pack(neg, m32, E - F + sh2, P);
 }
 
-// The sum converted to float32 in the model's direction (the fast finish).
-__device__ __forceinline__ float to_float(int64_t s, int mode) {
-  switch (mode) {
-    case 0: return __ll2float_rz(s);
-    case 1: return __ll2float_rn(s);
-    case 3: return __ll2float_ru(s);
-    default: return __ll2float_rd(s);
-  }
-}
-
-__device__ __forceinline__ float to_float32(int32_t s, int mode) {
-  switch (mode) {
-    case 0: return __int2float_rz(s);
-    case 1: return __int2float_rn(s);
-    case 3: return __int2float_ru(s);
-    default: return __int2float_rd(s);
-  }
-}
-
 // n consecutive elements (n = 4: one 16-byte load; the rows are padded and aligned)
 template <int n, typename T>
 __device__ __forceinline__ void load(const T* p, T* x) {
@@ -296,6 +277,11 @@ __global__ void __launch_bounds__(256, How == kHybrid && Sum == kGroups ? TCEMU_
   const int F = (int)P.F;
   const int32_t keep = ~((1 << (23 - P.p)) - 1);
   const bool fast = (P.p == 23 ? P.mode != 2 : P.mode == 0) && L * (int64_t(1) << (F + 2)) <= (int64_t(1) << 40);
+  // the model's fields the blocks read, in registers (P itself lives in local memory: the exact
+  // finish takes its address)
+  const bool flush_c = P.flush_c, zero_policy = P.zero_policy, has_min_exp = P.has_min_exp;
+  const int32_t zero_exp = P.zero_exp, min_exp = P.min_exp;
+  const int mode = P.mode;
   const int32_t split_bias = (int32_t)(F + 127) - P.ab_shift;
   for (int64_t bt = blockIdx.z; bt < P.batch; bt += gridDim.z) {
     const int64_t ia = bt / P.div_a, ib = bt / P.div_b;
@@ -346,7 +332,7 @@ __global__ void __launch_bounds__(256, How == kHybrid && Sum == kGroups ? TCEMU_
 #pragma unroll
             for (int i = 0; i < TM; i++)
 #pragma unroll
-              for (int j = 0; j < TN; j++) E[i][j] = acc_exponent(acc[i][j], P.flush_c, P.zero_exp);
+              for (int j = 0; j < TN; j++) E[i][j] = acc_exponent(acc[i][j], flush_c, zero_exp);
             TCEMU_PRAGMA(unroll TCEMU_UNROLL)
             for (int kk = kb; kk < kb + L; kk++) {
               int32_t a[TM], b[TN];
@@ -362,9 +348,9 @@ __global__ void __launch_bounds__(256, How == kHybrid && Sum == kGroups ? TCEMU_
 #pragma unroll
               for (int j = 0; j < TN; j++) {
                 int32_t e = E[i][j];
-                if (P.zero_policy && e < P.zero_exp)
+                if (zero_policy && e < zero_exp)
                   e = block_exponent<BM, BN>(P, s_ea + kb, s_eb + kb, L, ty * TM + i, tx * TN + j, acc[i][j]);
-                if (P.has_min_exp) e = max(e, P.min_exp);
+                if (has_min_exp) e = max(e, min_exp);
                 scale[i][j] = pow2f(clampi(F - e + 127, 1, 254));
               }
           }
@@ -430,38 +416,53 @@ __global__ void __launch_bounds__(256, How == kHybrid && Sum == kGroups ? TCEMU_
                 T[i][j] = t;
               }
           }
-          uint32_t badmask = 0;  // outputs the fast finish does not hold for
+          // The fast finish of every output, branch-free (computed everywhere, kept where it holds), with
+          // the int-to-float conversion in the model's direction (one switch per block): badmask, the
+          // outputs it does not hold for.
+          uint32_t badmask = 0;
+          auto finish_fast = [&](auto to_f32, auto to_f64) {
 #pragma unroll
-          for (int i = 0; i < TM; i++)
+            for (int i = 0; i < TM; i++)
 #pragma unroll
-            for (int j = 0; j < TN; j++) {
-              const int32_t ef = field(i, j), d = 127 - ef;  // d = E - F
-              const uint32_t c = acc[i][j];
-              bool bad = !fast || (uint32_t)(ef - 31) > 222u;  // ef within [31, 253]
-              uint32_t bits = 0;
-              if (!bad) {
-                float cv = __uint_as_float(c);
-                if (P.flush_c && ((c >> 23) & 255) == 0) cv = 0.0f;
+              for (int j = 0; j < TN; j++) {
+                const int32_t ef = field(i, j), d = 127 - ef;  // d = E - F
+                const uint32_t c = acc[i][j];
+                const float cv = flush_c && ((c >> 23) & 255) == 0 ? 0.0f : __uint_as_float(c);
+                bool bad = !fast || (uint32_t)(ef - 31) > 222u;  // ef within [31, 253]
                 int32_t fb;
                 bool zero;
                 if (Sum == kGroups) {
                   const int64_t s = (int64_t)T[i][j] + (int64_t)__float2ll_rz(__fmul_rn(cv, scale[i][j]));
-                  fb = __float_as_int(to_float(s, P.mode));
+                  fb = __float_as_int(to_f64(s));
                   zero = s == 0;
                 } else {  // |tc| < 2**(F + 1)
                   const int32_t tc = __float2int_rz(__fmul_rn(cv, scale[i][j]));
                   const int32_t s = (int32_t)((uint32_t)T[i][j] + (uint32_t)tc);
-                  if (Sum == kWrap) bad = ((T[i][j] ^ s) & (tc ^ s)) < 0;
-                  fb = __float_as_int(to_float32(s, P.mode));
+                  if (Sum == kWrap) bad |= ((T[i][j] ^ s) & (tc ^ s)) < 0;
+                  fb = __float_as_int(to_f32(s));
                   zero = s == 0;
                 }
                 const int32_t be = ((fb >> 23) & 255) + d;
                 bad |= !zero && (uint32_t)(be - 1) > 253u;  // be within [1, 254]
-                bits = zero ? 0u : (uint32_t)(fb & keep) + ((uint32_t)d << 23);
+                const uint32_t bits = zero ? 0u : (uint32_t)(fb & keep) + ((uint32_t)d << 23);
+                badmask |= (uint32_t)bad << (i * TN + j);
+                acc[i][j] = bad ? c : bits;
               }
-              if (bad) badmask |= 1u << (i * TN + j);
-              acc[i][j] = bad ? c : bits;
-            }
+          };
+          switch (mode) {
+            case 0:
+              finish_fast([](int32_t x) { return __int2float_rz(x); }, [](long long x) { return __ll2float_rz(x); });
+              break;
+            case 1:
+              finish_fast([](int32_t x) { return __int2float_rn(x); }, [](long long x) { return __ll2float_rn(x); });
+              break;
+            case 3:
+              finish_fast([](int32_t x) { return __int2float_ru(x); }, [](long long x) { return __ll2float_ru(x); });
+              break;
+            default:
+              finish_fast([](int32_t x) { return __int2float_rd(x); }, [](long long x) { return __ll2float_rd(x); });
+              break;
+          }
           if (badmask) {  // rare: the exact finish, one output at a time
 #pragma unroll
             for (int i = 0; i < TM; i++)
