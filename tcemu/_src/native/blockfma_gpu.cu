@@ -262,7 +262,8 @@ enum Sums { kOne = 0, kWrap = 1, kGroups = 2 };
 // 2**(F - E) (E - F and the range checks follow from its exponent field) and the block's sum.
 // Lc: the block length (0: P.block, at most kLmax); How: Kind; Sum: Sums.
 template <int TM, int TN, int Lc, int How, int Sum>
-__global__ void __launch_bounds__(256, How == kHybrid && Sum == kGroups ? TCEMU_MINB_HYBRID_GROUPS : TCEMU_MINB) chains_kernel(Params P, Ptrs X) {
+__global__ void __launch_bounds__(256, How == kHybrid && Sum == kGroups ? TCEMU_MINB_HYBRID_GROUPS : TCEMU_MINB)
+    chains_kernel(Params P, Ptrs X) {
   typedef typename std::conditional<Sum == kGroups, long long, int32_t>::type Total;
   constexpr int BM = 16 * TM, BN = 16 * TN;
   __shared__ __align__(16) float s_va[kLmax][BM];
