@@ -194,8 +194,8 @@ LARGE = [("H100", H100_F16, "f16", "f16", {}), ("H100", H100_TF32, "tf32", "tf32
 @pytest.mark.parametrize("arch,ins,at,bt,sched", LARGE, ids=[f"{f[0]}-{f[2]}{i}" for i, f in enumerate(LARGE)])
 def test_large_outputs_equal_engine(monkeypatch, arch, ins, at, bt, sched):
     """GEMMs of at least 128 x 128 outputs (the GPU kernel's 4 x 2 outputs per thread, blocks of 4
-    to 32 products, several blocks per shared-memory tile, chains that end inside a tile, terms
-    summed in int32, int64 or float32), with a few NaN/inf/huge elements."""
+    to 32 products, several blocks per shared-memory tile, chains that end inside a tile, block
+    sums in one int32 word or in int32 groups added in int64), with a few NaN/inf/huge elements."""
     rng = np.random.default_rng(len(ins) + len(sched))
     cfg = tcemu.GemmConfig(arch=arch, instruction=ins, **sched)
     a, b = _bits(rng, (133, 192), at, specials=4), _bits(rng, (192, 131), bt, specials=4)
@@ -439,6 +439,8 @@ def test_mma_block_scales_per_block_equal_engine(monkeypatch):
 def test_gpu_kernel_dispatch_rule(monkeypatch):
     """On a CUDA backend the GPU kernel runs GEMMs (not single MMAs) of models the CPU kernel covers,
     with blocks of at most 32 products; grouped fp4 stays on the engine."""
+    assert native.gpu_fits(8192, 8192, 8192) and native.gpu_fits(1 << 20, 2044, 1)
+    assert not native.gpu_fits(1 << 20, 1, 2045)  # 32-bit offsets: K x (M, N padded to 4) below 2**31
     monkeypatch.setattr(native, "_cpu", lambda: False)
     monkeypatch.setattr(native, "_gpu", lambda: True)
     monkeypatch.setattr(native, "available_gpu", lambda: True)

@@ -407,7 +407,7 @@ def _native_gemm(a_bits, b_bits, ins: Mma, model, plan, scales):
 
     acc = fm.FORMATS[ins.dtype]
     M, N = a_bits.shape[0], b_bits.shape[1]
-    if native._gpu() and A.shape[1] * -(-max(M, N) // 4) * 4 >= 1 << 31:  # the GPU kernel's 32-bit offsets
+    if native._gpu() and not native.gpu_fits(A.shape[1], M, N):
         raise _TooLarge
     if S * G * M * N * 4 > _NATIVE_CHAIN_BYTES and plan.reduces:  # one chain at a time, memory O(M N)
         if plan.slices > 1 and plan.schedule.reduction != "sequential":

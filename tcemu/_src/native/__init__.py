@@ -307,18 +307,24 @@ def chains(a_bits, b_bits, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, model, *,
     args = (jnp.asarray(lens, jnp.int32), words(full(a_bits, a_exp)), words(full(b_bits, b_exp)),
             full(None if a_exp is None else a_exp.astype(jnp.int32), a_bits),
             full(None if b_exp is None else b_exp.astype(jnp.int32), b_bits), words(full(c)))
-    result = jax.ShapeDtypeStruct(batch + (K // chain_k, M, N), jnp.float32)
+    results = [jax.ShapeDtypeStruct(batch + (K // chain_k, M, N), jnp.float32)]
     if gpu:  # blockfma_gpu.cu decodes the operands into a second result (scratch)
         na, nb = (int(np.prod(x.shape[:-2], dtype=np.int64)) for x in args[1:3])
-        pad4 = lambda n: -(-n // 4) * 4  # noqa: E731
-        words_needed = (2 if kind == _KIND_SAFE else 3) * K * (na * pad4(M) + nb * pad4(N)) + 4
-        call = jax.ffi.ffi_call(_TARGET, (result, jax.ShapeDtypeStruct((words_needed,), jnp.int32)),
-                                vmap_method="broadcast_all")
-        out = call(*args, **{name: np.int64(v) for name, v in attrs.items()})[0]
-    else:
-        call = jax.ffi.ffi_call(_TARGET, result, vmap_method="broadcast_all")
-        out = call(*args, **{name: np.int64(v) for name, v in attrs.items()})
+        words_needed = (2 if kind == _KIND_SAFE else 3) * K * (na * _pad4(M) + nb * _pad4(N)) + 4
+        results.append(jax.ShapeDtypeStruct((words_needed,), jnp.int32))
+    call = jax.ffi.ffi_call(_TARGET, tuple(results), vmap_method="broadcast_all")
+    out = call(*args, **{name: np.int64(v) for name, v in attrs.items()})[0]
     return jax.lax.bitcast_convert_type(out, jnp.uint32)
+
+
+def _pad4(n: int) -> int:
+    return -(-n // 4) * 4
+
+
+def gpu_fits(k: int, m: int, n: int) -> bool:
+    """Whether blockfma_gpu.cu's 32-bit offsets reach a GEMM of K x M and K x N operands (rows and
+    columns padded to multiples of 4)."""
+    return k * _pad4(max(m, n)) < 1 << 31
 
 
 def grouped_chains(a_bits, b_bits, sa: fm.Scale, sb: fm.Scale, model, *, k: int, chain_k: int, lens):
