@@ -1,7 +1,7 @@
 """The compiled kernels (tcemu/_src/native) against the pure-JAX engine they replace: the same
 GEMM bits for every instruction family, K schedule, model option and special value they cover.
 On the CPU backend this tests blockfma.cc; on a CUDA backend (with nvcc) blockfma_gpu.cu, which
-runs GEMMs only (no single MMAs, no grouped fp4: those tests are skipped there).
+runs GEMMs only (the single-MMA tests are skipped there).
 
 The pure-JAX path is itself checked against hardware captures and exact arithmetic elsewhere
 (test_gemm, test_library, test_engine_exact); with the kernel on, those tests also run through it.
@@ -25,7 +25,7 @@ from tcemu._src.numerics import mma as mma_numerics
 _CPU = jax.default_backend() == "cpu"
 pytestmark = [pytest.mark.skipif(not (shutil.which("c++") if _CPU else native._gpu() and native._nvcc()),
                                  reason="no compiler for this backend's kernel (c++ on CPUs, nvcc on CUDA GPUs)")]
-cpu_only = pytest.mark.skipif(not _CPU, reason="the GPU kernel runs GEMMs only, without grouped fp4")
+cpu_only = pytest.mark.skipif(not _CPU, reason="the GPU kernel runs GEMMs only")
 
 H100_F16 = "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16"
 H100_BF16 = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
@@ -247,7 +247,6 @@ def _scales(rng, shape, stype, nan=False):
     return jnp.asarray(s)
 
 
-@cpu_only
 @pytest.mark.parametrize("kind,vec,stype", FP4_KINDS)
 def test_grouped_fp4_equal_engine(monkeypatch, kind, vec, stype):
     """kind::mxf4 / mxf4nvf4 (NVFP4, MXFP4): group sums, scale products, alignment by the scale
@@ -266,7 +265,6 @@ GROUPED_MODELS = [dict(rounding="rne"), dict(rounding="rd", fraction_bits=30), d
                   dict(subnormal_inputs=False, subnormal_outputs=False)]
 
 
-@cpu_only
 @pytest.mark.parametrize("changes", GROUPED_MODELS, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
 def test_grouped_model_options_equal_engine(monkeypatch, changes):
     rng = np.random.default_rng(17)
@@ -277,6 +275,30 @@ def test_grouped_model_options_equal_engine(monkeypatch, changes):
     sa = jnp.asarray(rng.integers(60, 200, (8, 4)).astype(np.uint32))
     sb = jnp.asarray(rng.integers(60, 200, (4, 16)).astype(np.uint32))
     _check(monkeypatch, cfg, a, b, (sa, sb))
+
+
+LARGE_FP4 = [("4X", "ue4m3", {}, {}), ("2X", "ue8m0", dict(scale_group=8, rounding="rne"), {}),
+             ("2X", "ue8m0", dict(zero_exponent=None, rounding="rd"),
+              dict(schedule=tcemu.KSchedule(k_tile=128, residue="first", slices=2)))]
+
+
+@pytest.mark.parametrize("vec,stype,changes,sched", LARGE_FP4, ids=lambda x: "-".join(f"{k}={v}" for k, v in x.items())
+                         if isinstance(x, dict) else str(x))
+def test_large_grouped_fp4_equal_engine(monkeypatch, vec, stype, changes, sched):
+    """Grouped fp4 GEMMs of at least 128 x 128 outputs (the GPU kernel's 4 x 2 outputs per thread,
+    its kernel for blocks of 64 in groups of 16 and its generic one, chains that end inside a tile):
+    zero groups, zero scales, scales whose exponents leave the fast finish's range, a NaN scale."""
+    rng = np.random.default_rng(23 + len(changes))
+    ins = SM120_FP4.format("mxf4nvf4", vec, stype)
+    base = tcemu.numerics("sm_120").for_instruction(tcemu.GemmConfig(arch="sm_120", instruction=ins).ins)
+    cfg = tcemu.GemmConfig(arch="sm_120", instruction=ins, model=base.replace(**changes), **sched)
+    blk = cfg.ins.scale_block
+    a, b = _bits(rng, (133, 320), "e2m1"), _bits(rng, (320, 131), "e2m1")
+    a = a.at[:, 64:96].set(0)  # a block whose groups are all zero for every output
+    sa, sb = _scales(rng, (133, 320 // blk), stype), _scales(rng, (320 // blk, 131), stype)
+    if stype == "ue8m0":
+        sa, sb = sa.at[5, :].set(250), sb.at[:, 7].set(250)  # e_g = 246: the exact finish, overflow
+    _check(monkeypatch, cfg, a, b, (sa, sb.at[2, 3].set(0xFF if stype == "ue8m0" else 0x7F)))
 
 
 @pytest.mark.parametrize("sched", SCHEDULES[:2] + SCHEDULES[3:4], ids=lambda s: str(s.get("k_order") or "kschedule"))
@@ -438,7 +460,7 @@ def test_mma_block_scales_per_block_equal_engine(monkeypatch):
 
 def test_gpu_kernel_dispatch_rule(monkeypatch):
     """On a CUDA backend the GPU kernel runs GEMMs (not single MMAs) of models the CPU kernel covers,
-    with blocks of at most 32 products; grouped fp4 stays on the engine."""
+    with blocks of at most 32 products, or 64 for grouped fp4."""
     assert native.gpu_fits(8192, 8192, 8192) and native.gpu_fits(1 << 20, 2044, 1)
     assert not native.gpu_fits(1 << 20, 1, 2045)  # 32-bit offsets: K x (M, N padded to 4) below 2**31
     monkeypatch.setattr(native, "_cpu", lambda: False)
@@ -452,4 +474,10 @@ def test_gpu_kernel_dispatch_rule(monkeypatch):
     assert not native.use(m.replace(block_size=64), f16, f16, 64, "f32", gemm=True)
     assert not native.use(m.replace(sticky=True), f16, f16, 16, "f32", gemm=True)
     fp4 = tcemu.GemmConfig(arch="sm_120", instruction=SM120_FP4.format("mxf4nvf4", "4X", "ue4m3"))
-    assert not gemm._native_ok(fp4.ins, _model(fp4))
+    m4, e2m1 = _model(fp4), fm.FORMATS["e2m1"]
+    assert gemm._native_ok(fp4.ins, m4)
+    assert native.use(m4, e2m1, e2m1, 64, "f32", gemm=True) and not native.use(m4, e2m1, e2m1, 64, "f32")
+    assert not native.use(m4.replace(block_size=128), e2m1, e2m1, 128, "f32", gemm=True)
+    monkeypatch.setattr(native, "_cpu", lambda: True)
+    monkeypatch.setattr(native, "available", lambda: True)
+    assert native.use(m4.replace(block_size=128), e2m1, e2m1, 128, "f32")

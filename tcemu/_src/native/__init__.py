@@ -11,12 +11,12 @@ ships, cached under ``$TCEMU_CACHE_DIR`` (default
 and register level (``numerics.mma``; batches and ``jax.vmap`` of warps in one call). Without a
 compiler tcemu runs the pure-JAX path: same bits, slower.
 
-On NVIDIA GPUs, ``blockfma_gpu.cu`` is the same custom call for XLA's CUDA backend (a thread per
-4 x 2 outputs, blocks of threads sharing operand tiles in shared memory, same bits): it is compiled
-on first use with ``nvcc`` (``$TCEMU_NVCC``, ``$CUDA_HOME/bin/nvcc``, ``nvcc`` on the ``PATH`` or
-``/usr/local/cuda/bin/nvcc``) for the GPU's compute capability, and used by :func:`tcemu.matmul`
-on the GPU backend for blocks of at most 32 products; without ``nvcc`` GEMMs run the pure-JAX path
-there.
+On NVIDIA GPUs, ``blockfma_gpu.cu`` holds the same two custom calls for XLA's CUDA backend (a
+thread per 4 x 2 outputs, blocks of threads sharing operand tiles in shared memory, same bits): it
+is compiled on first use with ``nvcc`` (``$TCEMU_NVCC``, ``$CUDA_HOME/bin/nvcc``, ``nvcc`` on the
+``PATH`` or ``/usr/local/cuda/bin/nvcc``) for the GPU's compute capability, and used by
+:func:`tcemu.matmul` on the GPU backend for blocks of at most 32 products (64 for grouped fp4);
+without ``nvcc`` GEMMs run the pure-JAX path there.
 
 ``TCEMU_NATIVE=0`` turns the kernels off; ``TCEMU_NATIVE=1`` makes a failed build an error.
 
@@ -49,6 +49,7 @@ _SOURCE = Path(__file__).with_name("blockfma.cc")
 _GPU_SOURCE = Path(__file__).with_name("blockfma_gpu.cu")
 _HEADER = Path(__file__).with_name("blockfma.h")  # what the two kernels share
 _GPU_MAX_BLOCK = 32  # blockfma_gpu.cu's kLmax: the longest block its shared-memory tiles hold
+_GPU_MAX_GROUPED_BLOCK = 64  # its kGLmax: the same for the grouped model
 _TARGET = "tcemu_blockfma_chains"
 _GROUPED = "tcemu_grouped_chains"
 _MODES = {"rz": 0, "rne": 1, "rna": 2, "ru": 3, "rd": 4}
@@ -192,7 +193,8 @@ def available() -> bool:
 def available_gpu() -> bool:
     """Whether the GPU kernel is built and registered for the CUDA backend (building it on the
     first call)."""
-    return _load("GPU", _build_gpu, {_TARGET: "tcemu_blockfma_chains_gpu"}, "CUDA")
+    return _load("GPU", _build_gpu, {_TARGET: "tcemu_blockfma_chains_gpu", _GROUPED: "tcemu_grouped_chains_gpu"},
+                 "CUDA")
 
 
 def _cpu() -> bool:
@@ -221,15 +223,15 @@ def supports_grouped(model, k: int) -> bool:
 
 def use(model, afmt, bfmt, k: int, acc: str, *, gemm: bool = False) -> bool:
     """:func:`supports` (:func:`supports_grouped` for grouped models) on the CPU backend with the
-    kernel available; on the CUDA backend, for GEMMs (``gemm``), :func:`supports` (no grouped
-    models) with the GPU kernel available."""
-    if model.scale_group is not None:
-        return acc == "f32" and supports_grouped(model, k) and _cpu() and available()
-    if not supports(model, afmt, bfmt, k, acc):
+    kernel available; on the CUDA backend, for GEMMs (``gemm``) whose blocks its tiles hold, the
+    same with the GPU kernel available."""
+    grouped = model.scale_group is not None
+    if not (acc == "f32" and supports_grouped(model, k) if grouped else supports(model, afmt, bfmt, k, acc)):
         return False
     if _cpu():
         return available()
-    return gemm and min(model.block_size, k) <= _GPU_MAX_BLOCK and _gpu() and available_gpu()
+    longest = _GPU_MAX_GROUPED_BLOCK if grouped else _GPU_MAX_BLOCK
+    return gemm and min(model.block_size, k) <= longest and _gpu() and available_gpu()
 
 
 def _threads() -> int:
@@ -331,8 +333,9 @@ def grouped_chains(a_bits, b_bits, sa: fm.Scale, sb: fm.Scale, model, *, k: int,
     """:func:`chains` of the grouped block-scaled fp4 model: e2m1 codes ``a_bits`` (M, K),
     ``b_bits`` (K, N), scales decoded per group of ``model.scale_group`` (``sa`` (M, K / G), ``sb``
     (K / G, N))."""
-    if not available():
-        raise RuntimeError(f"tcemu: the CPU kernel is not available ({_error('CPU')})")
+    gpu = _gpu()
+    if not (available_gpu() if gpu else available()):
+        raise RuntimeError(f"tcemu: the compiled kernel is not available ({_error('GPU' if gpu else 'CPU')})")
     flush = not model.subnormal_inputs
 
     def values(bits):  # e2m1 as integers times 2**-1, as grouped.grouped_dot reads them
@@ -341,17 +344,32 @@ def grouped_chains(a_bits, b_bits, sa: fm.Scale, sb: fm.Scale, model, *, k: int,
         return jnp.where(d.sign != 0, -v, v).astype(jnp.float32)
 
     (M, K), N = a_bits.shape, b_bits.shape[1]
-    Mp, Np = -(-M // 4) * 4, -(-N // 16) * 16
-    rows, cols = ((0, Mp - M), (0, 0)), ((0, 0), (0, Np - N))
-    L = min(model.block_size, k)
-    attrs = dict(chain_k=chain_k, block=L, group=model.scale_group, F=model.fraction_bits,
+    G, L = model.scale_group, min(model.block_size, k)
+    attrs = dict(chain_k=chain_k, block=L, group=G, F=model.fraction_bits,
                  zero_exp=-_BIG if model.zero_exponent is None else model.zero_exponent, mode=_MODES[model.rounding],
                  subnormals=int(model.subnormal_outputs), overflow_ieee=int(model.overflow == "ieee"),
                  flush_c=int(flush), threads=_threads())
     i32 = lambda x, pad: jnp.pad(x.astype(jnp.int32), pad)  # noqa: E731
+    lens = jnp.asarray(lens, jnp.int32)
+    if gpu:  # blockfma_gpu.cu: (K, M) and (K, N) layouts, the scale significands in the values
+        Mp, Np = _pad4(M), _pad4(N)
+        va = values(a_bits) * jnp.repeat(sa.sig, G, axis=1).astype(jnp.float32)  # (M, K)
+        vb = values(b_bits) * jnp.repeat(sb.sig, G, axis=0).astype(jnp.float32)  # (K, N)
+
+        def masks(v):  # (K, X) -> (K / G, X): bit i where element i of the group is nonzero
+            bits = (v.reshape(K // G, G, -1) != 0).astype(jnp.uint32) << jnp.arange(G, dtype=jnp.uint32)[:, None]
+            return jnp.sum(bits, axis=1, dtype=jnp.uint32)
+
+        rows, cols = ((0, 0), (0, Mp - M)), ((0, 0), (0, Np - N))
+        call = jax.ffi.ffi_call(_GROUPED, jax.ShapeDtypeStruct((K // chain_k, M, N), jnp.uint32),
+                                vmap_method="sequential")
+        return call(lens, jnp.pad(va.T, rows), i32(sa.exp.T, rows), jnp.pad(masks(va.T), rows), jnp.pad(vb, cols),
+                    i32(sb.exp, cols), jnp.pad(masks(vb), cols), **{name: np.int64(v) for name, v in attrs.items()})
+    Mp, Np = -(-M // 4) * 4, -(-N // 16) * 16
+    rows, cols = ((0, Mp - M), (0, 0)), ((0, 0), (0, Np - N))
     call = jax.ffi.ffi_call(_GROUPED, jax.ShapeDtypeStruct((K // chain_k, Mp, Np), jnp.uint32),
                             vmap_method="sequential")
-    out = call(jnp.asarray(lens, jnp.int32), jnp.pad(values(a_bits), rows), i32(sa.sig, rows),
+    out = call(lens, jnp.pad(values(a_bits), rows), i32(sa.sig, rows),
                i32(sa.exp, rows), jnp.pad(values(b_bits), cols), i32(sb.sig, cols), i32(sb.exp, cols),
                **{name: np.int64(v) for name, v in attrs.items()})
     return out[:, :M, :N]

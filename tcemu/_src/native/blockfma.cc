@@ -1015,14 +1015,7 @@ ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::F32> a, ffi::Buff
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tcemu_blockfma_chains, Chains,
-                              TCEMU_CHAINS_ATTRS(ffi::Ffi::Bind()
-                                                     .Arg<ffi::Buffer<ffi::S32>>()
-                                                     .Arg<ffi::Buffer<ffi::F32>>()
-                                                     .Arg<ffi::Buffer<ffi::F32>>()
-                                                     .Arg<ffi::Buffer<ffi::S32>>()
-                                                     .Arg<ffi::Buffer<ffi::S32>>()
-                                                     .Arg<ffi::Buffer<ffi::F32>>()
-                                                     .Ret<ffi::Buffer<ffi::F32>>()));
+                              TCEMU_CHAINS_ATTRS(TCEMU_CHAINS_ARGS(ffi::Ffi::Bind())));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tcemu_grouped_chains, Grouped,
                               ffi::Ffi::Bind()

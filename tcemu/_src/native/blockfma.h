@@ -83,6 +83,13 @@ inline int64_t batch_stride(size_t count, int64_t per, int64_t batch) {
 
 }  // namespace tcemu
 
+// The operands of tcemu_blockfma_chains (lens, A, B, A's and B's exponents, C) and its result, after
+// what the kernel's binding takes first (the GPU kernel: its stream; then a second result).
+#define TCEMU_CHAINS_ARGS(binding)                                                                      \
+  binding.Arg<ffi::Buffer<ffi::S32>>().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::F32>>()           \
+      .Arg<ffi::Buffer<ffi::S32>>().Arg<ffi::Buffer<ffi::S32>>().Arg<ffi::Buffer<ffi::F32>>()              \
+      .Ret<ffi::Buffer<ffi::F32>>()
+
 // The attributes of tcemu_blockfma_chains after its operands and results (both kernels bind them).
 #define TCEMU_CHAINS_ATTRS(binding)                                                                         \
   binding.Attr<int64_t>("chain_k").Attr<int64_t>("block").Attr<int64_t>("F").Attr<int64_t>("group")       \

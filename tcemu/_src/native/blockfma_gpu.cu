@@ -11,7 +11,8 @@
 // special-value path. A first kernel decodes the operands (A transposed to (K, M), B as (K, N),
 // rows and columns padded to multiples of 4 with zeros) into scratch memory: a second result of the
 // call, of (2 or, hybrid, 3) * K * (entries of A * Mp + entries of B * Np) + 4 32-bit words
-// (native.chains sizes it the same way; the handler checks).
+// (native.chains sizes it the same way; the handler checks). A second custom call,
+// tcemu_grouped_chains, runs the grouped block-scaled fp4 model (below).
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -43,6 +44,9 @@ namespace ffi = xla::ffi;
 #endif
 #ifndef TCEMU_MINB_HYBRID_GROUPS
 #define TCEMU_MINB_HYBRID_GROUPS 3
+#endif
+#ifndef TCEMU_MINB_GROUPED
+#define TCEMU_MINB_GROUPED 4
 #endif
 
 namespace {
@@ -194,16 +198,14 @@ __device__ __forceinline__ int32_t acc_exponent(uint32_t acc, bool flush, int32_
   return nz ? max(ce, 1) - 127 : zero_exp;
 }
 
-// The exact finish of one output's block (blockfma.cc finish): the block's sum S with the aligned
-// accumulator, rounded; NaN/inf operands or accumulator: the special-value path.
-__device__ __noinline__ uint32_t finish(const Params& P, int64_t S, int32_t E, uint32_t acc, const uint32_t* arow,
-                                        const uint32_t* bcol, int64_t k0) {
+// The exact sum S (|S| < 2**62 / 2) of a block's aligned terms with the finite accumulator's term
+// trunc(c * 2**(F - E)), rounded (rounding.round_pack32).
+__device__ uint32_t round_sum(const Params& P, int64_t S, int32_t E, uint32_t acc) {
   const int F = (int)P.F;
   const int32_t ce = (acc >> 23) & 255, frac = acc & 0x7FFFFF;
   int64_t csig = ce != 0 ? (frac | 0x800000) : frac;
   if (P.flush_c && ce == 0) csig = 0;
   const int32_t cexp = ce != 0 ? ce - 127 : -126;
-  if (E > kSpecialAbove || ce == 255) return special_value(arow, bcol, P.N, P.fa, P.fb, k0, P.block, acc);
   const int64_t cs = F >= 23 ? csig << (F - 23) : csig;
   const int32_t sh = clampi(E - cexp + (F >= 23 ? 0 : 23 - F), 0, 63);
   int64_t tc = cs >> sh;
@@ -215,6 +217,15 @@ __device__ __noinline__ uint32_t finish(const Params& P, int64_t S, int32_t E, u
   const int32_t sh2 = max(bits - 32, 0);
   const uint32_t m32 = (uint32_t)(mag >> sh2) | (uint32_t)((mag & ((uint64_t(1) << sh2) - 1)) != 0);
   return round_pack(neg, m32, E - F + sh2, P);
+}
+
+// The exact finish of one output's block (blockfma.cc finish): the block's sum S with the aligned
+// accumulator, rounded; NaN/inf operands or accumulator: the special-value path.
+__device__ __noinline__ uint32_t finish(const Params& P, int64_t S, int32_t E, uint32_t acc, const uint32_t* arow,
+                                        const uint32_t* bcol, int64_t k0) {
+  if (E > kSpecialAbove || ((acc >> 23) & 255) == 255)
+    return special_value(arow, bcol, P.N, P.fa, P.fb, k0, P.block, acc);
+  return round_sum(P, S, E, acc);
 }
 
 // n consecutive elements (n = 4: one 16-byte load; the rows are padded and aligned)
@@ -248,6 +259,37 @@ __device__ __noinline__ int32_t block_exponent(const Params& P, const int32_t (*
   if (P.zero_policy && zero) E = max(E, P.zero_exp);
   if (P.has_min_exp) E = max(E, P.min_exp);
   return E;
+}
+
+// One array of a tile copy: 4-byte words of a (.., Xp) array (src: at the tile's first column), the
+// shared tile, and the bits that fill it beyond column Xp.
+template <int W>
+struct Part {
+  const int32_t* src;
+  int32_t (*dst)[W];
+  int32_t fill;
+};
+
+template <int W, typename T>
+__device__ __forceinline__ Part<W> part(const T* src, T (*dst)[W], int32_t fill) {
+  static_assert(sizeof(T) == 4, "4-byte words");
+  return Part<W>{reinterpret_cast<const int32_t*>(src), reinterpret_cast<int32_t(*)[W]>(dst), fill};
+}
+
+// rows x W words of every part from row r0 (columns from x0) into their shared tiles, in 16-byte
+// pieces, the parts in one loop.
+template <int W, typename... Parts>
+__device__ __forceinline__ void copy_rows(int64_t Xp, int64_t x0, int64_t r0, int rows, int tid, Parts... parts) {
+  for (int q = tid; q < rows * (W / 4); q += 256) {
+    const int r = q / (W / 4), c = 4 * (q % (W / 4));
+    const bool in = x0 + c < Xp;
+    const int64_t o = (r0 + r) * Xp + c;
+    auto copy = [&](const Part<W>& p) {
+      *reinterpret_cast<int4*>(&p.dst[r][c]) =
+          in ? __ldg(reinterpret_cast<const int4*>(p.src + o)) : int4{p.fill, p.fill, p.fill, p.fill};
+    };
+    (copy(parts), ...);
+  }
 }
 
 // How a block's terms are summed (|term| < 2**(F + 2)): kOne, one int32 word that the accumulator's
@@ -308,22 +350,8 @@ __global__ void __launch_bounds__(256, How == kHybrid && Sum == kGroups ? TCEMU_
       for (int64_t t0 = c0; t0 < end; t0 += KT) {
         const int rows = (int)min((int64_t)KT, (end - t0 + L - 1) / L * L);  // whole blocks
         __syncthreads();  // the previous tile is read
-        for (int q = tid; q < rows * (BM / 4); q += 256) {  // 16-byte pieces of the tiles (zeros beyond Mp, Np)
-          const int kk = q / (BM / 4), c = 4 * (q % (BM / 4));
-          const bool in = bm0 + c < Mp;
-          const int64_t o = (t0 + kk) * Mp + c;
-          *reinterpret_cast<float4*>(&s_va[kk][c]) = in ? __ldg(reinterpret_cast<const float4*>(va + o)) : float4{};
-          *reinterpret_cast<int4*>(&s_ea[kk][c]) =
-              in ? __ldg(reinterpret_cast<const int4*>(ea + o)) : int4{kZeroSentinel, kZeroSentinel, kZeroSentinel, kZeroSentinel};
-        }
-        for (int q = tid; q < rows * (BN / 4); q += 256) {
-          const int kk = q / (BN / 4), c = 4 * (q % (BN / 4));
-          const bool in = bn0 + c < Np;
-          const int64_t o = (t0 + kk) * Np + c;
-          *reinterpret_cast<float4*>(&s_vb[kk][c]) = in ? __ldg(reinterpret_cast<const float4*>(vb + o)) : float4{};
-          *reinterpret_cast<int4*>(&s_eb[kk][c]) =
-              in ? __ldg(reinterpret_cast<const int4*>(eb + o)) : int4{kZeroSentinel, kZeroSentinel, kZeroSentinel, kZeroSentinel};
-        }
+        copy_rows<BM>(Mp, bm0, t0, rows, tid, part(va, s_va, 0), part(ea, s_ea, kZeroSentinel));
+        copy_rows<BN>(Np, bn0, t0, rows, tid, part(vb, s_vb, 0), part(eb, s_eb, kZeroSentinel));
         __syncthreads();
         for (int kb = 0; kb < rows; kb += L) {  // the blocks of products k0 .. k0 + L: tile rows kb ..
           const int64_t k0 = t0 + kb;
@@ -531,6 +559,7 @@ ffi::Error Chains(cudaStream_t stream, ffi::Buffer<ffi::S32> lens,
   P.chain_k = chain_k;
   P.block = block;
   P.F = F;
+  P.group = group;
   P.Mp = (P.M + 3) / 4 * 4;
   P.Np = (P.N + 3) / 4 * 4;
   P.kind = (int)kind;
@@ -551,10 +580,11 @@ ffi::Error Chains(cudaStream_t stream, ffi::Buffer<ffi::S32> lens,
   P.has_ae = has_a_exp != 0;
   P.has_be = has_b_exp != 0;
   if (P.M < 1 || P.N < 1 || P.chain_k <= 0 || P.K % P.chain_k || P.block <= 0 || P.block > kLmax ||
-      P.chain_k % P.block || P.F > 29 ||
-      (P.kind != kSafe && P.kind != kHybrid))
+      P.chain_k % P.block || P.F < 0 || P.F > 29 || (P.kind != kSafe && P.kind != kHybrid) || P.group < 1 ||
+      P.group > P.block || P.group * ((int64_t(1) << (P.F + 2)) - 1) > (int64_t(1) << 31) - 1)
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      "tcemu blockfma: K % chain_k and chain_k % block must be 0, F <= 29, kind safe or hybrid");
+                      "tcemu blockfma: K % chain_k and chain_k % block must be 0, 0 <= F <= 29, kind safe or "
+                      "hybrid, int32 sums of `group` terms");
   const int64_t C = P.K / P.chain_k, MK = P.M * P.K, KN = P.K * P.N, MN = P.M * P.N;
   const int64_t batch = (int64_t)out->element_count() / (C * MN);
   P.div_lens = batch_stride(lens.element_count(), C, batch);
@@ -599,7 +629,6 @@ ffi::Error Chains(cudaStream_t stream, ffi::Buffer<ffi::S32> lens,
          P.has_c ? words(c.typed_data()) : nullptr, va, vb, sa, sb, ea, eb, inexact,
          reinterpret_cast<uint32_t*>(out->typed_data())};
   // int32 sums of P.group terms of magnitude below 2**(F + 2); the accumulator's term: below 2**(F + 1)
-  P.group = std::min<int64_t>(P.block, int64_t(1) << std::min<int64_t>(29 - P.F, 40));
   const int64_t most = P.block * ((int64_t(1) << (P.F + 2)) - 1) + (int64_t(1) << (P.F + 1)) - 1;
   const int sum = P.group < P.block ? kGroups : most > (int64_t(1) << 31) - 1 ? kWrap : kOne;
   const bool small = P.M * P.N < 16384;  // tiles of 16 x 16 outputs, else TM x TN per thread
@@ -614,16 +643,240 @@ ffi::Error Chains(cudaStream_t stream, ffi::Buffer<ffi::S32> lens,
   return ffi::Error::Success();
 }
 
+// ----------------------------------------------------------------------------------------------
+// Grouped block-scaled fp4 (tcemu/_src/numerics/grouped.py, kind::mxf4 / mxf4nvf4; blockfma.cc
+// Grouped): per block of L products, every group of G consecutive products is summed exactly, the
+// group sum T (its products' units 2**-8, the scale significands folded in) is aligned by its scale
+// exponents e_g only (trunc(T * 2**(F - 8 + e_g - E))), the terms and the accumulator's are summed
+// exactly in int64 (below 2**50) and rounded once. native.grouped_chains lays the operands out:
+// values va (K, Mp) / vb (K, Np), e2m1 values times 2 times their scale significands (a group's sum
+// of products is an exact integer below 2**20, summed here in float32); scale exponents ea (K / G,
+// Mp) / eb (K / G, Np); masks ma / mb, bit i set where element i of the group is nonzero (a group
+// counts where ma & mb != 0). Rows and columns beyond M and N are zeros with empty masks.
+
+struct GPtrs {
+  const int32_t* lens;
+  const float *va, *vb;
+  const int32_t *ea, *eb;
+  const uint32_t *ma, *mb;
+  uint32_t* out;  // (K / chain_k, M, N)
+};
+
+constexpr int kGLmax = 64;       // the longest block of the grouped kernel's tiles
+constexpr int kGTileGroups = 8;  // the groups its tiles hold
+
+// The finish of a grouped block where the fast one does not hold: an infinite accumulator stays, a
+// NaN one becomes the canonical NaN (grouped.grouped_dot), else the exact sum is rounded.
+__device__ __noinline__ uint32_t gfinish(const Params& P, int64_t S, int32_t E, uint32_t acc) {
+  if (((acc >> 23) & 255) == 255) return (acc & 0x7FFFFFFFu) == 0x7F800000u ? acc : 0x7FFFFFFFu;
+  return round_sum(P, S, E, acc);
+}
+
+// One block of 16 x 16 threads: output rows [bm0, bm0 + 16 TM) and columns [bn0, bn0 + 16 TN), every
+// chain (from +0); thread (x, y) owns rows bm0 + y TM .. and columns bn0 + x TN ... The tiles hold
+// whole blocks: at most kGLmax products and kGTileGroups groups. Lc / Gc: the block and group length
+// (0: P.block, P.group).
+template <int TM, int TN, int Lc, int Gc>
+__global__ void __launch_bounds__(256, TCEMU_MINB_GROUPED) grouped_kernel(Params P, GPtrs X) {
+  constexpr int BM = 16 * TM, BN = 16 * TN;
+  __shared__ __align__(16) float s_va[kGLmax][BM];
+  __shared__ __align__(16) float s_vb[kGLmax][BN];
+  __shared__ __align__(16) int32_t s_ea[kGTileGroups][BM];
+  __shared__ __align__(16) uint32_t s_ma[kGTileGroups][BM];
+  __shared__ __align__(16) int32_t s_eb[kGTileGroups][BN];
+  __shared__ __align__(16) uint32_t s_mb[kGTileGroups][BN];
+  const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * 16 + tx;
+  const int64_t bm0 = (int64_t)blockIdx.y * BM, bn0 = (int64_t)blockIdx.x * BN;
+  const int64_t m0 = bm0 + ty * TM, n0 = bn0 + tx * TN;
+  const int64_t K = P.K, M = P.M, N = P.N, Mp = P.Mp, Np = P.Np;
+  const int L = Lc ? Lc : (int)P.block, G = Gc ? Gc : (int)P.group, ng = L / G;
+  const int KT = min(kGLmax / L, kGTileGroups / ng) * L;  // whole blocks per tile
+  const int F = (int)P.F;
+  const bool fast = P.mode != 2, flush_c = P.flush_c;
+  const int32_t zero_exp = P.zero_exp;
+  const int mode = P.mode;
+  const float two_f = pow2f(F + 127);
+  const float* va = X.va + bm0;
+  const float* vb = X.vb + bn0;
+  for (int64_t c0 = 0; c0 < K; c0 += P.chain_k) {
+    uint32_t acc[TM][TN] = {};
+    const int64_t end = c0 + X.lens[c0 / P.chain_k];
+    for (int64_t t0 = c0; t0 < end; t0 += KT) {
+      const int rows = (int)min((int64_t)KT, (end - t0 + L - 1) / L * L), grows = rows / G;
+      const int64_t g0 = t0 / G;
+      __syncthreads();  // the previous tile is read
+      copy_rows<BM>(Mp, bm0, t0, rows, tid, part(va, s_va, 0));  // zeros and empty masks beyond Mp and Np
+      copy_rows<BN>(Np, bn0, t0, rows, tid, part(vb, s_vb, 0));
+      copy_rows<BM>(Mp, bm0, g0, grows, tid, part(X.ea + bm0, s_ea, 0), part(X.ma + bm0, s_ma, 0));
+      copy_rows<BN>(Np, bn0, g0, grows, tid, part(X.eb + bn0, s_eb, 0), part(X.mb + bn0, s_mb, 0));
+      __syncthreads();
+      for (int kb = 0; kb < rows; kb += L) {  // the block of products t0 + kb .. + L: tile rows kb ..
+        const int gb = kb / G;
+        // e_g: the scale exponents of group g where a product of it is nonzero, else zero_exp
+        auto group_exponents = [&](int g, int32_t (&eg)[TM][TN]) {
+          int32_t ea[TM], eb[TN];
+          uint32_t ma[TM], mb[TN];
+          load<TM>(&s_ea[g][ty * TM], ea);
+          load<TM>(&s_ma[g][ty * TM], ma);
+          load<TN>(&s_eb[g][tx * TN], eb);
+          load<TN>(&s_mb[g][tx * TN], mb);
+#pragma unroll
+          for (int i = 0; i < TM; i++)
+#pragma unroll
+            for (int j = 0; j < TN; j++) eg[i][j] = (ma[i] & mb[j]) ? ea[i] + eb[j] : zero_exp;
+        };
+        int32_t E[TM][TN], eg[TM][TN];
+#pragma unroll
+        for (int i = 0; i < TM; i++)
+#pragma unroll
+          for (int j = 0; j < TN; j++) E[i][j] = acc_exponent(acc[i][j], flush_c, zero_exp);
+        for (int g = gb; g < gb + ng; g++) {
+          group_exponents(g, eg);
+#pragma unroll
+          for (int i = 0; i < TM; i++)
+#pragma unroll
+            for (int j = 0; j < TN; j++) E[i][j] = max(E[i][j], eg[i][j]);
+        }
+        long long S[TM][TN] = {};
+        for (int g = gb; g < gb + ng; g++) {
+          float T[TM][TN] = {};
+#pragma unroll 16
+          for (int kk = g * G; kk < (g + 1) * G; kk++) {
+            float a[TM], b[TN];
+            load<TM>(&s_va[kk][ty * TM], a);
+            load<TN>(&s_vb[kk][tx * TN], b);
+#pragma unroll
+            for (int i = 0; i < TM; i++)
+#pragma unroll
+              for (int j = 0; j < TN; j++) T[i][j] = __fmaf_rn(a[i], b[j], T[i][j]);  // exact integers
+          }
+          // T * 2**(F - 8 + e_g - E), exact in float32; below 2**-126 it truncates to 0 anyway
+          group_exponents(g, eg);
+#pragma unroll
+          for (int i = 0; i < TM; i++)
+#pragma unroll
+            for (int j = 0; j < TN; j++)
+              S[i][j] += __float2ll_rz(__fmul_rn(T[i][j], pow2f(clampi(F - 8 + eg[i][j] - E[i][j] + 127, 1, 254))));
+        }
+        // the fast finish (blockfma_gpu chains_kernel): the int64 sum converted to float32 in the
+        // model's direction, E - F added to its exponent field where the result is a normal number
+        uint32_t badmask = 0;
+        auto finish_fast = [&](auto to_f32) {
+#pragma unroll
+          for (int i = 0; i < TM; i++)
+#pragma unroll
+            for (int j = 0; j < TN; j++) {
+              const uint32_t c = acc[i][j];
+              const int32_t ce = (c >> 23) & 255, e = E[i][j], d = e - F;
+              const float cv = flush_c && ce == 0 ? 0.0f : __uint_as_float(c);
+              // trunc(c * 2**(F - E)) (a nonzero c has E >= its exponent >= -126)
+              const long long s = S[i][j] + __float2ll_rz(__fmul_rn(__fmul_rn(cv, pow2f(clampi(127 - e, 1, 254))), two_f));
+              const int32_t fb = __float_as_int(to_f32(s));
+              const bool zero = s == 0;
+              const int32_t be = ((fb >> 23) & 255) + d;
+              const bool bad = !fast || ce == 255 || e > 126 || (!zero && (uint32_t)(be - 1) > 253u);
+              badmask |= (uint32_t)bad << (i * TN + j);
+              acc[i][j] = bad ? c : zero ? 0u : (uint32_t)fb + ((uint32_t)d << 23);
+            }
+        };
+        switch (mode) {
+          case 0: finish_fast([](long long x) { return __ll2float_rz(x); }); break;
+          case 1: finish_fast([](long long x) { return __ll2float_rn(x); }); break;
+          case 3: finish_fast([](long long x) { return __ll2float_ru(x); }); break;
+          default: finish_fast([](long long x) { return __ll2float_rd(x); }); break;
+        }
+        if (badmask) {  // rare: the exact finish, one output at a time
+#pragma unroll
+          for (int i = 0; i < TM; i++)
+#pragma unroll
+            for (int j = 0; j < TN; j++)
+              if ((badmask >> (i * TN + j)) & 1u) acc[i][j] = gfinish(P, S[i][j], E[i][j], acc[i][j]);
+        }
+      }
+    }
+    uint32_t* out = X.out + (c0 / P.chain_k) * M * N;
+#pragma unroll
+    for (int i = 0; i < TM; i++)
+#pragma unroll
+      for (int j = 0; j < TN; j++) {
+        const int64_t m = m0 + i, n = n0 + j;
+        if (m < M && n < N) out[m * N + n] = acc[i][j];
+      }
+  }
+}
+
+typedef void (*GroupedFn)(Params, GPtrs);
+
+ffi::Error Grouped(cudaStream_t stream, ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::F32> va,
+                   ffi::Buffer<ffi::S32> ea, ffi::Buffer<ffi::U32> ma, ffi::Buffer<ffi::F32> vb,
+                   ffi::Buffer<ffi::S32> eb, ffi::Buffer<ffi::U32> mb, ffi::ResultBuffer<ffi::U32> out,
+                   int64_t chain_k, int64_t block, int64_t group, int64_t F, int64_t zero_exp, int64_t mode,
+                   int64_t subnormals, int64_t overflow_ieee, int64_t flush_c, int64_t threads) {
+  auto ad = va.dimensions(), bd = vb.dimensions(), od = out->dimensions();
+  if (ad.size() != 2 || bd.size() != 2 || od.size() != 3 || ad[0] != bd[0])
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tcemu grouped: A (K, Mp), B (K, Np), out (C, M, N) expected");
+  Params P{};
+  P.K = ad[0];
+  P.Mp = ad[1];
+  P.Np = bd[1];
+  P.M = od[1];
+  P.N = od[2];
+  P.chain_k = chain_k;
+  P.block = block;
+  P.group = group;
+  P.F = F;
+  P.zero_exp = (int32_t)zero_exp;
+  P.mode = (int)mode;
+  P.p = 23;
+  P.subnormals = subnormals != 0;
+  P.overflow_ieee = overflow_ieee != 0;
+  P.flush_c = flush_c != 0;
+  if (P.M < 1 || P.N < 1 || P.Mp % 4 || P.Np % 4 || P.Mp < P.M || P.Np < P.N || chain_k <= 0 || P.K % chain_k ||
+      block <= 0 || block > kGLmax || group <= 0 || group > 32 || block % group || block / group > kGTileGroups ||
+      chain_k % block || F > 40 || od[0] * chain_k != P.K || lens.element_count() != (size_t)od[0] ||
+      ea.element_count() != (size_t)(P.K / group * P.Mp) || ma.element_count() != ea.element_count() ||
+      eb.element_count() != (size_t)(P.K / group * P.Np) || mb.element_count() != eb.element_count())
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tcemu grouped: bad shapes or attributes");
+  if (P.K * std::max(P.Mp, P.Np) >= (int64_t(1) << 31))
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tcemu grouped: K * M and K * N below 2**31");
+  const GPtrs X{lens.typed_data(), va.typed_data(), vb.typed_data(), ea.typed_data(), eb.typed_data(),
+                ma.typed_data(), mb.typed_data(), out->typed_data()};
+  const bool small = P.M * P.N < 16384;  // tiles of 16 x 16 outputs, else TM x TN per thread
+  const int tm = small ? 1 : TCEMU_TM, tn = small ? 1 : TCEMU_TN;
+  const GroupedFn fn = small ? grouped_kernel<1, 1, 0, 0>
+                       : block == 64 && group == 16 ? grouped_kernel<TCEMU_TM, TCEMU_TN, 64, 16>
+                                                    : grouped_kernel<TCEMU_TM, TCEMU_TN, 0, 0>;
+  dim3 grid((unsigned)((P.N + 16 * tn - 1) / (16 * tn)), (unsigned)((P.M + 16 * tm - 1) / (16 * tm)));
+  fn<<<grid, dim3(16, 16), 0, stream>>>(P, X);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return ffi::Error(ffi::ErrorCode::kInternal, cudaGetErrorString(err));
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tcemu_blockfma_chains_gpu, Chains,
-                              TCEMU_CHAINS_ATTRS(ffi::Ffi::Bind()
-                                                     .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                                     .Arg<ffi::Buffer<ffi::S32>>()
-                                                     .Arg<ffi::Buffer<ffi::F32>>()
-                                                     .Arg<ffi::Buffer<ffi::F32>>()
-                                                     .Arg<ffi::Buffer<ffi::S32>>()
-                                                     .Arg<ffi::Buffer<ffi::S32>>()
-                                                     .Arg<ffi::Buffer<ffi::F32>>()
-                                                     .Ret<ffi::Buffer<ffi::F32>>()
+                              TCEMU_CHAINS_ATTRS(TCEMU_CHAINS_ARGS(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>())
                                                      .Ret<ffi::Buffer<ffi::S32>>()));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(tcemu_grouped_chains_gpu, Grouped,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Ret<ffi::Buffer<ffi::U32>>()
+                                  .Attr<int64_t>("chain_k")
+                                  .Attr<int64_t>("block")
+                                  .Attr<int64_t>("group")
+                                  .Attr<int64_t>("F")
+                                  .Attr<int64_t>("zero_exp")
+                                  .Attr<int64_t>("mode")
+                                  .Attr<int64_t>("subnormals")
+                                  .Attr<int64_t>("overflow_ieee")
+                                  .Attr<int64_t>("flush_c")
+                                  .Attr<int64_t>("threads"));
