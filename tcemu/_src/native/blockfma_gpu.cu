@@ -25,8 +25,8 @@
 namespace ffi = xla::ffi;
 
 // Outputs per thread (TM rows x TN columns), the blocks of 256 threads an SM should hold (the
-// register budget; bf16/tf32/scaled kernels with int64 group sums spill at 4) and the unrolling of
-// the product loops: tuned on an H100 (benchmarks/RESULTS.md).
+// register budget: 64 registers at 4) and the unrolling of the product loops: tuned on an H100
+// (benchmarks/RESULTS.md).
 #ifndef TCEMU_TM
 #define TCEMU_TM 4
 #endif
@@ -41,12 +41,6 @@ namespace ffi = xla::ffi;
 #endif
 #ifndef TCEMU_MINB
 #define TCEMU_MINB 4
-#endif
-#ifndef TCEMU_MINB_HYBRID_GROUPS
-#define TCEMU_MINB_HYBRID_GROUPS 3
-#endif
-#ifndef TCEMU_MINB_GROUPED
-#define TCEMU_MINB_GROUPED 4
 #endif
 
 namespace {
@@ -292,6 +286,23 @@ __device__ __forceinline__ void copy_rows(int64_t Xp, int64_t x0, int64_t r0, in
   }
 }
 
+// The exact sum of one output's block from signed significands (sa: A's column of the block, stride
+// Mp; sb: B's row, stride Np): trunc(sa * sb * 2**(ea + eb - fab - fbb + F - E)) per product, the
+// scale clamped at 2**-126 where every term truncates to 0 anyway (blockfma.cc terms_split). Out of
+// the kernel's registers: the hybrid kernels read it for blocks whose terms a float32 cannot hold.
+template <int BM, int BN>
+__device__ __noinline__ long long split_sum(const Params& P, const int32_t (*sea)[BM], const int32_t (*seb)[BN], int L,
+                                            int i, int j, uint32_t acc, const float* sa, const float* sb) {
+  const int32_t e = block_exponent<BM, BN>(P, sea, seb, L, i, j, acc);
+  const int32_t bias = (int32_t)(P.F + 127) - P.ab_shift - e;
+  long long t = 0;
+  for (int kk = 0; kk < L; kk++) {
+    const int32_t x = max(seb[kk][j] + sea[kk][i] + bias, 1);
+    t += __float2int_rz(__fmul_rn(__fmul_rn(sb[kk * P.Np], sa[kk * P.Mp]), pow2f(min(x, 254))));
+  }
+  return t;
+}
+
 // How a block's terms are summed (|term| < 2**(F + 2)): kOne, one int32 word that the accumulator's
 // term cannot wrap; kWrap, one int32 word that it may wrap (then the exact finish); kGroups, int32
 // sums of P.group terms (at most 2**31 / 2**(F + 2)) added in int64.
@@ -304,7 +315,7 @@ enum Sums { kOne = 0, kWrap = 1, kGroups = 2 };
 // 2**(F - E) (E - F and the range checks follow from its exponent field) and the block's sum.
 // Lc: the block length (0: P.block, at most kLmax); How: Kind; Sum: Sums.
 template <int TM, int TN, int Lc, int How, int Sum>
-__global__ void __launch_bounds__(256, How == kHybrid && Sum == kGroups ? TCEMU_MINB_HYBRID_GROUPS : TCEMU_MINB)
+__global__ void __launch_bounds__(256, TCEMU_MINB)
     chains_kernel(Params P, Ptrs X) {
   typedef typename std::conditional<Sum == kGroups, long long, int32_t>::type Total;
   constexpr int BM = 16 * TM, BN = 16 * TN;
@@ -325,7 +336,6 @@ __global__ void __launch_bounds__(256, How == kHybrid && Sum == kGroups ? TCEMU_
   const bool flush_c = P.flush_c, zero_policy = P.zero_policy, has_min_exp = P.has_min_exp;
   const int32_t zero_exp = P.zero_exp, min_exp = P.min_exp;
   const int mode = P.mode;
-  const int32_t split_bias = (int32_t)(F + 127) - P.ab_shift;
   for (int64_t bt = blockIdx.z; bt < P.batch; bt += gridDim.z) {
     const int64_t ia = bt / P.div_a, ib = bt / P.div_b;
     const float* va = X.va + ia * K * Mp + bm0;
@@ -429,21 +439,14 @@ __global__ void __launch_bounds__(256, How == kHybrid && Sum == kGroups ? TCEMU_
                 for (int j = 0; j < TN; j++) T[i][j] = S[i][j];
             }
           } else {  // rare: significands times a power of two per product
-            const float* sa = X.sa + ia * K * Mp + m0;
-            const float* sb = X.sb + ib * K * Np + n0;
+            const float* sa = X.sa + ia * K * Mp + m0 + k0 * Mp;
+            const float* sb = X.sb + ib * K * Np + n0 + k0 * Np;
 #pragma unroll
             for (int i = 0; i < TM; i++)
 #pragma unroll
-              for (int j = 0; j < TN; j++) {
-                const int32_t e = block_exponent<BM, BN>(P, s_ea + kb, s_eb + kb, L, ty * TM + i, tx * TN + j, acc[i][j]);
-                Total t = 0;
-                for (int kk = 0; kk < L; kk++) {
-                  const int32_t x = max(s_eb[kb + kk][tx * TN + j] + s_ea[kb + kk][ty * TM + i] + split_bias - e, 1);
-                  t += __float2int_rz(__fmul_rn(__fmul_rn(sb[(k0 + kk) * Np + j], sa[(k0 + kk) * Mp + i]),
-                                                pow2f(min(x, 254))));
-                }
-                T[i][j] = t;
-              }
+              for (int j = 0; j < TN; j++)
+                T[i][j] = (Total)split_sum<BM, BN>(P, s_ea + kb, s_eb + kb, L, ty * TM + i, tx * TN + j, acc[i][j],
+                                                   sa + i, sb + j);
           }
           // The fast finish of every output, branch-free (computed everywhere, kept where it holds), with
           // the int-to-float conversion in the model's direction (one switch per block): badmask, the
@@ -677,7 +680,7 @@ __device__ __noinline__ uint32_t gfinish(const Params& P, int64_t S, int32_t E, 
 // whole blocks: at most kGLmax products and kGTileGroups groups. Lc / Gc: the block and group length
 // (0: P.block, P.group).
 template <int TM, int TN, int Lc, int Gc>
-__global__ void __launch_bounds__(256, TCEMU_MINB_GROUPED) grouped_kernel(Params P, GPtrs X) {
+__global__ void __launch_bounds__(256, TCEMU_MINB) grouped_kernel(Params P, GPtrs X) {
   constexpr int BM = 16 * TM, BN = 16 * TN;
   __shared__ __align__(16) float s_va[kGLmax][BM];
   __shared__ __align__(16) float s_vb[kGLmax][BN];
