@@ -365,7 +365,7 @@ def grouped_chains(a_bits, b_bits, sa: fm.Scale, sb: fm.Scale, model, *, k: int,
                                 vmap_method="sequential")
         return call(lens, jnp.pad(va.T, rows), i32(sa.exp.T, rows), jnp.pad(masks(va.T), rows), jnp.pad(vb, cols),
                     i32(sb.exp, cols), jnp.pad(masks(vb), cols), **{name: np.int64(v) for name, v in attrs.items()})
-    Mp, Np = -(-M // 4) * 4, -(-N // 16) * 16
+    Mp, Np = _pad4(M), -(-N // 16) * 16  # blockfma.cc: rows by 4, columns by its widest vector
     rows, cols = ((0, Mp - M), (0, 0)), ((0, 0), (0, Np - N))
     call = jax.ffi.ffi_call(_GROUPED, jax.ShapeDtypeStruct((K // chain_k, Mp, Np), jnp.uint32),
                             vmap_method="sequential")
