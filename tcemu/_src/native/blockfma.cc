@@ -1018,7 +1018,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(tcemu_blockfma_chains, Chains,
                               TCEMU_CHAINS_ATTRS(TCEMU_CHAINS_ARGS(ffi::Ffi::Bind())));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tcemu_grouped_chains, Grouped,
-                              ffi::Ffi::Bind()
+                              TCEMU_GROUPED_ATTRS(ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
@@ -1026,14 +1026,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(tcemu_grouped_chains, Grouped,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::U32>>()
-                                  .Attr<int64_t>("chain_k")
-                                  .Attr<int64_t>("block")
-                                  .Attr<int64_t>("group")
-                                  .Attr<int64_t>("F")
-                                  .Attr<int64_t>("zero_exp")
-                                  .Attr<int64_t>("mode")
-                                  .Attr<int64_t>("subnormals")
-                                  .Attr<int64_t>("overflow_ieee")
-                                  .Attr<int64_t>("flush_c")
-                                  .Attr<int64_t>("threads"));
+                                  .Ret<ffi::Buffer<ffi::U32>>()));

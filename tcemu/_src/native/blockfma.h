@@ -98,3 +98,9 @@ inline int64_t batch_stride(size_t count, int64_t per, int64_t batch) {
       .Attr<int64_t>("subnormals").Attr<int64_t>("overflow_ieee").Attr<int64_t>("flush_c")                   \
       .Attr<int64_t>("a_format").Attr<int64_t>("b_format").Attr<int64_t>("has_c").Attr<int64_t>("has_a_exp") \
       .Attr<int64_t>("has_b_exp").Attr<int64_t>("scale_block").Attr<int64_t>("threads")
+
+// The attributes of tcemu_grouped_chains after its operands and result (both kernels bind them).
+#define TCEMU_GROUPED_ATTRS(binding)                                                                       \
+  binding.Attr<int64_t>("chain_k").Attr<int64_t>("block").Attr<int64_t>("group").Attr<int64_t>("F")     \
+      .Attr<int64_t>("zero_exp").Attr<int64_t>("mode").Attr<int64_t>("subnormals")                         \
+      .Attr<int64_t>("overflow_ieee").Attr<int64_t>("flush_c").Attr<int64_t>("threads")

@@ -303,6 +303,19 @@ __device__ __noinline__ long long split_sum(const Params& P, const int32_t (*sea
   return t;
 }
 
+// A thread's TM x TN outputs from (m0, n0) into an M x N output (those inside it).
+template <int TM, int TN>
+__device__ __forceinline__ void store_tile(uint32_t* out, const uint32_t (&acc)[TM][TN], int64_t m0, int64_t n0,
+                                           int64_t M, int64_t N) {
+#pragma unroll
+  for (int i = 0; i < TM; i++)
+#pragma unroll
+    for (int j = 0; j < TN; j++) {
+      const int64_t m = m0 + i, n = n0 + j;
+      if (m < M && n < N) out[m * N + n] = acc[i][j];
+    }
+}
+
 // How a block's terms are summed (|term| < 2**(F + 2)): kOne, one int32 word that the accumulator's
 // term cannot wrap; kWrap, one int32 word that it may wrap (then the exact finish); kGroups, int32
 // sums of P.group terms (at most 2**31 / 2**(F + 2)) added in int64.
@@ -508,15 +521,7 @@ __global__ void __launch_bounds__(256, TCEMU_MINB)
           }
         }
       }
-      const int64_t chain = c0 / P.chain_k;
-      uint32_t* out = X.out + (bt * (K / P.chain_k) + chain) * M * N;
-#pragma unroll
-      for (int i = 0; i < TM; i++)
-#pragma unroll
-        for (int j = 0; j < TN; j++) {
-          const int64_t m = m0 + i, n = n0 + j;
-          if (m < M && n < N) out[m * N + n] = acc[i][j];
-        }
+      store_tile<TM, TN>(X.out + (bt * (K / P.chain_k) + c0 / P.chain_k) * M * N, acc, m0, n0, M, N);
     }
   }
 }
@@ -797,14 +802,7 @@ __global__ void __launch_bounds__(256, TCEMU_MINB) grouped_kernel(Params P, GPtr
         }
       }
     }
-    uint32_t* out = X.out + (c0 / P.chain_k) * M * N;
-#pragma unroll
-    for (int i = 0; i < TM; i++)
-#pragma unroll
-      for (int j = 0; j < TN; j++) {
-        const int64_t m = m0 + i, n = n0 + j;
-        if (m < M && n < N) out[m * N + n] = acc[i][j];
-      }
+    store_tile<TM, TN>(X.out + (c0 / P.chain_k) * M * N, acc, m0, n0, M, N);
   }
 }
 
@@ -863,7 +861,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(tcemu_blockfma_chains_gpu, Chains,
                                                      .Ret<ffi::Buffer<ffi::S32>>()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tcemu_grouped_chains_gpu, Grouped,
-                              ffi::Ffi::Bind()
+                              TCEMU_GROUPED_ATTRS(ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
@@ -872,14 +870,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(tcemu_grouped_chains_gpu, Grouped,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::U32>>()
-                                  .Ret<ffi::Buffer<ffi::U32>>()
-                                  .Attr<int64_t>("chain_k")
-                                  .Attr<int64_t>("block")
-                                  .Attr<int64_t>("group")
-                                  .Attr<int64_t>("F")
-                                  .Attr<int64_t>("zero_exp")
-                                  .Attr<int64_t>("mode")
-                                  .Attr<int64_t>("subnormals")
-                                  .Attr<int64_t>("overflow_ieee")
-                                  .Attr<int64_t>("flush_c")
-                                  .Attr<int64_t>("threads"));
+                                  .Ret<ffi::Buffer<ffi::U32>>()));
