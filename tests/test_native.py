@@ -423,6 +423,47 @@ def test_fast_finish_edges_equal_engine(monkeypatch, ins, t, rounding):
     assert (np.abs(got[0, :8]) > 2.0 ** 12).all() and (np.abs(got[5]) > 2.0 ** 100).any() == (t != "f16")
 
 
+MIXED = [("V100", WMMA_F16, "f16", {}), ("V100", WMMA_F16, "f16", dict(zero_exponent=None)),
+         ("A100", H100_TF32, "tf32", {}), ("A100", H100_BF16, "bf16", {}),
+         ("A100", H100_BF16, "bf16", dict(subnormal_inputs=False, rounding="rne")),
+         ("A100", H100_BF16, "bf16", dict(min_exponent=-100))]
+
+
+@pytest.mark.parametrize("arch,ins,t,changes", MIXED, ids=lambda x: "-".join(f"{k}={v}" for k, v in x.items())
+                         if isinstance(x, dict) else str(x).split(".")[-1])
+def test_mixed_row_groups_equal_engine(monkeypatch, arch, ins, t, changes):
+    """Blocks where the fast path holds for some rows of a 4-row group and not for others (all-zero
+    blocks beside a zero accumulator; tiny products near float32's smallest normal; products above
+    2**100; subnormal inputs), so that the hot path and the careful block alternate within one
+    chain, on the small-block families and on models outside the kernel's simple path (a zero
+    accumulator without exponent, flushed inputs, a minimum exponent)."""
+    rng = np.random.default_rng(31)
+    K = 128
+    k = np.arange(K)
+    wide = t != "f16"
+    a = rng.standard_normal((8, K)) * np.exp2(rng.integers(-6, 7, (8, K)))
+    a[1] = np.where(k % 32 < 12, 0.0, a[1])                         # zero blocks, first with a zero accumulator
+    a[2] *= 2.0 ** (-118 if wide else -20)                          # tiny products (subnormal f16 inputs)
+    a[3] = rng.standard_normal(K) * np.where((k // 8) % 3 == 1, 2.0 ** (100 if wide else 10), 1.0)
+    a[5, :40] = 0.0
+    a[6, 64:] *= 2.0 ** (-60 if wide else -12)                      # a chain that drops to tiny terms
+    b = rng.standard_normal((K, 40)) * np.exp2(rng.integers(-4, 5, (K, 40)))
+    b[:, 30:] *= 2.0 ** (-8 if wide else -4)
+    if wide:  # products near 2**-150 on a zero accumulator: its exponent (-126) sets their truncation
+        a[7] *= 2.0 ** -110
+        b[:, 36:] *= 2.0 ** -24
+
+    def bits(x):
+        if t == "tf32":
+            return jnp.asarray(x.astype(np.float32).view(np.uint32) & np.uint32(0xFFFFE000))
+        return fm.to_bits(jnp.asarray(x.astype(fm.VALUE_DTYPES[t])), t)
+
+    cfg = tcemu.GemmConfig(arch=arch, instruction=ins)
+    cfg = tcemu.GemmConfig(arch=arch, instruction=ins, model=_model(cfg).replace(**changes))
+    got = _check(monkeypatch, cfg, bits(a), bits(b)).view(np.float32)
+    assert (got[2] != 0).any() and (np.abs(got[3]) > 2.0 ** (90 if wide else 12)).any()
+
+
 def test_wide_fast_finish_edges_equal_engine(monkeypatch):
     """sm_120 kind::f8f6f4 (blocks of 32, F = 25: two-word sums): sums of maximal products that
     leave the one-word fast finish, beside ordinary ones."""

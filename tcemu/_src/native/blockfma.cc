@@ -326,11 +326,13 @@ inline vu load_part(const void* p, int64_t n) {
 
 // The largest exponent sum of a block is found on int16 lanes, two rows per vector (a row pair's
 // A exponents packed into one int32): pack16 clamps an exponent to int16 sentinels (NaN/inf
-// 16000, zero -4000; real exponents, scales included, lie within +-300), and unpack16 maps a sum
-// back: above 8192 a NaN/inf factor (also times zero: 12000), below -2048 a zero product.
+// 16000, zero -4000; real exponents, scales included, lie within +-300). A sum above kSpecialE
+// has a NaN/inf factor (also times zero: 12000); one below -2048 is a zero product, which the
+// alignment never takes over a real one (the accumulator's exponent is at least -126, or
+// zero_exp). strip() keeps these sums as its E; finish() reads them so.
 inline vi clamp16(vi e) { return e > 4096 ? splat(16000) : e < -4096 ? splat(-4000) : e; }
 inline vi pack16(vi lo, vi hi) { return (vi)(((vu)clamp16(lo) & 0xFFFFu) | ((vu)clamp16(hi) << 16u)); }
-inline vi unpack16(vi x) { return x > 8192 ? splat(2 * kBig) : x < -2048 ? splat(2 * kZeroSentinel) : x; }
+constexpr int32_t kSpecialE = 8192;
 
 // Kind (blockfma.h): kHybrid reads exact values where F - 125 <= E <= 126 (a term that counts is a
 // normal float32, one that does not stays below 1), significands (kSplit) in the other blocks and
@@ -453,7 +455,7 @@ __attribute__((noinline)) vu finish(const Params& P, const Entry& X, vi S, vi Sh
     vu mag = neg ? 0u - u : u;
     bits = round_pack<Mode>(neg, mag, E - F, P);
   }
-  vi special = (E > kSpecialAbove) | (ce == 255);
+  vi special = (E > kSpecialE) | (ce == 255);
   return any(special) && m < P.M ? specials(P, X, bits, special, acc, m, n0, k0) : bits;
 }
 
@@ -465,24 +467,92 @@ Finish finish_for(int mode) {
          : mode == 3 ? finish<3, Wide> : finish<4, Wide>;
 }
 
-// Output rows [m0, m0 + R) of one strip of W columns, every chain, blocks of Lc (0: P.block).
-// The fast finish (sums that fit one int32 word, a binary32 accumulator with an IEEE rounding
-// direction, or a narrower one with RZ) converts the block's sum to float32 in the model's
-// direction (clearing the fraction bits a narrower accumulator lacks) and adds E - F to its
-// exponent field. It
-// holds for every lane of the R rows when F - 126 <= E <= F + 96 (the result is then a normal
+// One block of the R rows, the careful way (out of the hot loop): scales clamped to float32's
+// range, exact values or significands as the block allows (kHybrid), the fast finish for the rows
+// whose lanes it holds for, finish() for the others. E: the block's alignment exponents; acc: the
+// accumulators, updated. The fast finish (sums that fit one int32 word, a binary32 accumulator
+// with an IEEE rounding direction, or a narrower one with RZ) converts the block's sum to float32
+// in the model's direction (clearing the fraction bits a narrower accumulator lacks) and scales it
+// by 2**(E - F). It holds for a lane when F - 126 <= E <= F + 96 (the result is then a normal
 // number, the accumulator's term trunc(c * 2**(F - E)) is exact, and E is no special-value
-// sentinel) and the sum did not wrap; otherwise finish() runs for the R rows.
+// sentinel) and the sum did not wrap.
 template <int How, bool Wide, int Lc>
+__attribute__((noinline)) void careful_block(const Params& P, const Entry& X, int64_t m0, int64_t n0, int64_t k0,
+                                             const vi* E, vu* acc, bool fast, bool wraps, Finish slow) {
+  const int64_t K = P.K;
+  const int F = (int)P.F;
+  const int32_t keep = ~((1 << (23 - P.p)) - 1);
+  const vu zmask = splatu(P.flush_c ? 0x7F800000u : 0x7FFFFFFFu);  // an accumulator that counts as zero
+  vi S[R], Shi[R], Slo[R];
+  vf scale[R];
+  for (int r = 0; r < R; r++) {
+    S[r] = splat(0);
+    if (Wide) Shi[r] = Slo[r] = splat(0);
+    vu u = (vu)vmin(vmax(F - E[r] + 127, splat(1)), splat(254)) << 23u;
+    std::memcpy(&scale[r], &u, sizeof u);
+  }
+  const float* pa = X.va + m0 * K;
+  const int32_t* pe = X.ea + m0 * K;
+  vi range = splat(0);
+  for (int r = 0; r < R; r++) range |= (E[r] < F - 125) | (E[r] > 126);
+  if (How == kSafe || (How == kHybrid && !any(range)))
+    terms_values<Wide, Lc>(P, pa, X.bs, K, k0, scale, S, Shi, Slo);
+  else if (How == kSplit)
+    terms_split<Wide, Lc>(P, pa, pe, X.bs, X.es, K, k0, E, S, Shi, Slo);
+  else
+    terms_split<Wide, Lc>(P, X.va2 + m0 * K, pe, X.bs2, X.es, K, k0, E, S, Shi, Slo);
+  for (int r = 0; r < R; r++) {
+    vi bad = (E[r] < F - 126) | (E[r] > F + 96);
+    vu bits = acc[r];
+    if (fast) {
+      vf c;
+      std::memcpy(&c, &acc[r], sizeof c);
+      const vi tc = (acc[r] & zmask) != 0 ? __builtin_convertvector(c * scale[r], vi) : splat(0);
+      vi s;
+      if (Wide) {  // hi * 2**16 + lo + tc as one word where |hi| < 2**14: below 2**31
+        s = (vi)(((vu)Shi[r] << 16u) + (vu)(Slo[r] + tc));
+        bad |= (Shi[r] >= (1 << 14)) | (Shi[r] <= -(1 << 14));
+      } else {
+        s = (vi)((vu)S[r] + (vu)tc);
+        if (wraps) bad |= ((S[r] ^ s) & (tc ^ s)) < 0;
+      }
+      const vf f = __builtin_convertvector(s, vf);  // rounded in the model's direction (MXCSR)
+      vi fb;
+      std::memcpy(&fb, &f, sizeof fb);
+      bits = (vu)((s == 0) ? splat(0) : (fb & keep) + ((E[r] - F) << 23));
+    }
+    acc[r] = fast && !any(bad) ? bits
+                               : slow(P, X, S[r], Wide ? Shi[r] : S[r], Wide ? Slo[r] : S[r], E[r], acc[r], m0 + r, n0,
+                                      k0);
+  }
+}
+
+// Output rows [m0, m0 + R) of one strip of W columns, every chain, blocks of Lc (0: P.block). Per
+// block: the alignment exponents E (the accumulators' and the largest product exponent, found on
+// int16 lanes, two rows per vector: pack16), then, where the fast finish holds for every lane of
+// the R rows (and kHybrid's exact values may be read), the hot path: unclamped scales, the terms,
+// the fast finish as careful_block's, its result scaled by a float32 product with 2**(E - F) (exact:
+// a normal number). Any other block runs careful_block. The rows are unrolled, so that a block's
+// state stays in registers. Simple (strip_for): a zero accumulator's exponent -126 (so every
+// accumulator's is max(e, -126)), no flushed inputs, no minimum exponent, a binary32 accumulator,
+// a one-word sum that cannot wrap.
+template <int How, bool Wide, int Lc, bool Simple>
 void strip(const Params& P, const Entry& X, int64_t m0, int64_t n0, bool fast, bool wraps, Finish slow) {
   const int64_t K = P.K, N = P.N, M = P.M, L = Lc ? Lc : P.block, nw = N - n0 < W ? N - n0 : W;
   const float* pa = X.va + m0 * K;  // the R rows
   const int32_t* pe = X.ea + m0 * K;
+  const int32_t* pe2 = X.ea2 + m0 / 2 * K;
   const int32_t* lens = X.lens;
   const int F = (int)P.F;
   const int32_t keep = ~((1 << (23 - P.p)) - 1);  // the fast finish: RZ to an accumulator of p fraction bits
+  const vu zmask = splatu(P.flush_c ? 0x7F800000u : 0x7FFFFFFFu);  // an accumulator that counts as zero
+  const vi min_exp = splat(P.has_min_exp ? P.min_exp : -(1 << 30));
+  // the hot path's exponents: the fast finish's, and kHybrid's exact values (E >= F - 125)
+  const int32_t lo_ok = F - 126 + (How == kHybrid), hi_ok = F + 96;
+  static_assert(R % 2 == 0, "row pairs");
   for (int64_t c0 = 0; c0 < K; c0 += P.chain_k) {
     vu acc[R];
+#pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
       acc[r] = splatu(0);
       if (X.c && m0 + r < M) acc[r] = load_part(X.c + (m0 + r) * N + n0, nw);
@@ -490,15 +560,20 @@ void strip(const Params& P, const Entry& X, int64_t m0, int64_t n0, bool fast, b
     const int64_t end = c0 + lens[c0 / P.chain_k];
     for (int64_t k0 = c0; k0 < end; k0 += L) {
       vi E[R];
-      for (int r = 0; r < R; r++) E[r] = acc_exponent(acc[r], P.flush_c, P.zero_exp);
-      {
-        static_assert(R % 2 == 0, "row pairs");
+#pragma GCC unroll 4
+      for (int r = 0; r < R; r++) {  // acc_exponent
+        const vi e = (vi)((acc[r] >> 23u) & 255u) - 127;
+        E[r] = Simple ? vmax(e, splat(-126)) : (acc[r] & zmask) != 0 ? vmax(e, splat(-126)) : splat(P.zero_exp);
+      }
+      {  // the largest product exponent: int16 sums of pack16 sentinels (NaN/inf >= 12000, zero <= -3700)
         vh top[R / 2];
+#pragma GCC unroll 2
         for (int q = 0; q < R / 2; q++) top[q] = (vh){} + (int16_t)-32768;
-        const int32_t* pe2 = X.ea2 + m0 / 2 * K;
+#pragma GCC unroll 8
         for (int64_t k = k0; k < k0 + L; k++) {
           vh e;
           std::memcpy(&e, X.es2 + k * W, sizeof e);
+#pragma GCC unroll 2
           for (int q = 0; q < R / 2; q++) {
             const vi pair = splat(pe2[q * K + k]);
             vh a;
@@ -507,11 +582,12 @@ void strip(const Params& P, const Entry& X, int64_t m0, int64_t n0, bool fast, b
             top[q] = top[q] > t ? top[q] : t;
           }
         }
+#pragma GCC unroll 2
         for (int q = 0; q < R / 2; q++) {
           vi x;
           std::memcpy(&x, &top[q], sizeof x);
-          E[2 * q] = vmax(E[2 * q], unpack16((x << 16) >> 16));
-          E[2 * q + 1] = vmax(E[2 * q + 1], unpack16(x >> 16));
+          E[2 * q] = vmax(E[2 * q], (x << 16) >> 16);
+          E[2 * q + 1] = vmax(E[2 * q + 1], x >> 16);
         }
       }
       if (P.zero_policy) {  // zero products count with zero_exp: only a block below it changes
@@ -526,51 +602,69 @@ void strip(const Params& P, const Entry& X, int64_t m0, int64_t n0, bool fast, b
           E[r] = zero ? vmax(E[r], splat(P.zero_exp)) : E[r];
         }
       }
-      vi S[R], Shi[R], Slo[R];
-      vf scale[R];
-      vi out[R];  // lanes outside the fast finish's exponents
+      vi lo = E[0], hi = E[0];
+#pragma GCC unroll 4
       for (int r = 0; r < R; r++) {
-        if (P.has_min_exp) E[r] = vmax(E[r], splat(P.min_exp));
-        S[r] = splat(0);
-        if (Wide) Shi[r] = Slo[r] = splat(0);
-        out[r] = (E[r] < F - 126) | (E[r] > F + 96);
-        vu u = (vu)vmin(vmax(F - E[r] + 127, splat(1)), splat(254)) << 23u;
-        std::memcpy(&scale[r], &u, sizeof u);
+        if (!Simple) E[r] = vmax(E[r], min_exp);
+        lo = vmin(lo, E[r]);
+        hi = vmax(hi, E[r]);
       }
-      if (How == kSafe) {
-        terms_values<Wide, Lc>(P, pa, X.bs, K, k0, scale, S, Shi, Slo);
-      } else if (How == kSplit) {
-        terms_split<Wide, Lc>(P, pa, pe, X.bs, X.es, K, k0, E, S, Shi, Slo);
-      } else {  // exact values where every term is exact in float32
-        vi range = splat(0);
-        for (int r = 0; r < R; r++) range |= (E[r] < F - 125) | (E[r] > 126);
-        if (!any(range))
-          terms_values<Wide, Lc>(P, pa, X.bs, K, k0, scale, S, Shi, Slo);
+      bool hot = fast && !any((lo < lo_ok) | (hi > hi_ok));
+      if (__builtin_expect(hot, 1)) {
+        vi S[R], Shi[R], Slo[R];
+        vf scale[R];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+          S[r] = splat(0);
+          if (Wide) Shi[r] = Slo[r] = splat(0);
+          const vu u = (vu)(F + 127 - E[r]) << 23u;  // in range: 31 <= F + 127 - E <= 253
+          std::memcpy(&scale[r], &u, sizeof u);
+        }
+        if (How == kSplit)
+          terms_split<Wide, Lc>(P, pa, pe, X.bs, X.es, K, k0, E, S, Shi, Slo);
         else
-          terms_split<Wide, Lc>(P, X.va2 + m0 * K, pe, X.bs2, X.es, K, k0, E, S, Shi, Slo);
-      }
-      for (int r = 0; r < R; r++) {  // the fast finish where it holds for the row's lanes, else finish()
-        vi bad = out[r];
-        vu bits = acc[r];
-        if (fast) {
-          const vi tc = __builtin_convertvector(acc_value(acc[r], P.flush_c) * scale[r], vi);
+          terms_values<Wide, Lc>(P, pa, X.bs, K, k0, scale, S, Shi, Slo);
+        vu bits[R];
+        vi worst = splat(0);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+          vf c;
+          std::memcpy(&c, &acc[r], sizeof c);
+          const vi tc = Simple || (acc[r] & zmask) != 0 ? __builtin_convertvector(c * scale[r], vi) : splat(0);
           vi s;
           if (Wide) {  // hi * 2**16 + lo + tc as one word where |hi| < 2**14: below 2**31
             s = (vi)(((vu)Shi[r] << 16u) + (vu)(Slo[r] + tc));
-            bad |= (Shi[r] >= (1 << 14)) | (Shi[r] <= -(1 << 14));
+            worst |= (Shi[r] >= (1 << 14)) | (Shi[r] <= -(1 << 14));
           } else {
             s = (vi)((vu)S[r] + (vu)tc);
-            if (wraps) bad |= ((S[r] ^ s) & (tc ^ s)) < 0;
+            if (!Simple && wraps) worst |= ((S[r] ^ s) & (tc ^ s)) < 0;
           }
-          const vf f = __builtin_convertvector(s, vf);  // rounded in the model's direction (MXCSR)
-          vi fb;
-          std::memcpy(&fb, &f, sizeof fb);
-          bits = (vu)((s == 0) ? splat(0) : (fb & keep) + ((E[r] - F) << 23));
+          vf f = __builtin_convertvector(s, vf);  // rounded in the model's direction (MXCSR)
+          if (!Simple) {
+            vi fb;
+            std::memcpy(&fb, &f, sizeof fb);
+            fb &= keep;
+            std::memcpy(&f, &fb, sizeof f);
+          }
+          vu iu;
+          std::memcpy(&iu, &scale[r], sizeof iu);
+          iu = splatu(254u << 23) - iu;  // 2**(E - F)
+          vf inv;
+          std::memcpy(&inv, &iu, sizeof inv);
+          const vf res = f * inv;
+          std::memcpy(&bits[r], &res, sizeof res);
         }
-        acc[r] = fast && !any(bad) ? bits
-                                   : slow(P, X, S[r], Wide ? Shi[r] : S[r], Wide ? Slo[r] : S[r], E[r], acc[r], m0 + r,
-                                          n0, k0);
+        if (__builtin_expect(!any(worst), 1)) {
+#pragma GCC unroll 4
+          for (int r = 0; r < R; r++) acc[r] = bits[r];
+          continue;
+        }
       }
+      vu tmp[R];
+      vi et[R];
+      for (int r = 0; r < R; r++) tmp[r] = acc[r], et[r] = E[r];
+      careful_block<How, Wide, Lc>(P, X, m0, n0, k0, et, tmp, fast, wraps, slow);
+      for (int r = 0; r < R; r++) acc[r] = tmp[r];
     }
     const int64_t chain = c0 / P.chain_k;
     for (int r = 0; r < R; r++) {
@@ -581,15 +675,20 @@ void strip(const Params& P, const Entry& X, int64_t m0, int64_t n0, bool fast, b
 
 typedef void (*Strip)(const Params&, const Entry&, int64_t, int64_t, bool, bool, Finish);
 
-template <int How, bool Wide>
+template <int How, bool Wide, bool Simple>
 Strip strip_for(int64_t block) {
-  return block == 4 ? strip<How, Wide, 4> : block == 8 ? strip<How, Wide, 8> : block == 16 ? strip<How, Wide, 16>
-         : block == 32 ? strip<How, Wide, 32> : strip<How, Wide, 0>;
+  return block == 4 ? strip<How, Wide, 4, Simple> : block == 8 ? strip<How, Wide, 8, Simple>
+         : block == 16 ? strip<How, Wide, 16, Simple> : block == 32 ? strip<How, Wide, 32, Simple>
+         : strip<How, Wide, 0, Simple>;
 }
 
+// simple: the usual models, whose accumulator handling needs no masks (strip's Simple): a zero
+// accumulator's exponent -126, no flushed inputs, no minimum exponent, a binary32 accumulator, one
+// word that cannot wrap (never Wide)
 template <int How>
-Strip strip_for(int64_t block, bool wide) {
-  return wide ? strip_for<How, true>(block) : strip_for<How, false>(block);
+Strip strip_for(int64_t block, bool wide, bool simple) {
+  return wide ? strip_for<How, true, false>(block) : simple ? strip_for<How, false, true>(block)
+              : strip_for<How, false, false>(block);
 }
 
 // Batch entries per entry of each operand. An operand's batch axes are leading axes of the
@@ -665,15 +764,17 @@ void worker(const Params& P, const Strides& S, const Operands& O, const DecodedA
   const int64_t K = P.K, N = P.N, M = P.M, KE = P.sblock ? K / P.sblock : K;  // KE: exponents along K
   const bool wide = P.group < P.block || P.block * (int64_t(1) << (P.F + 2)) + (int64_t(1) << (P.F + 1)) >
                                              (int64_t(1) << 32);
-  const Strip run = P.kind == kSafe ? strip_for<kSafe>(P.block, wide) : strip_for<kHybrid>(P.block, wide);
-  const Strip split = strip_for<kSplit>(P.block, wide);  // kHybrid where a value is not exact: significands
-  const Finish slow = wide ? finish_for<true>(P.mode) : finish_for<false>(P.mode);
   // the fast finish: sums of at most 31 bits (one word, or two words checked per block), a binary32
   // accumulator with an IEEE direction or a narrower one with RZ; wraps: the block's one-word sum
   // with the accumulator may pass 2**31
   const int64_t top = P.block * (int64_t(1) << (P.F + 2));
   const bool fast = kFastFinish && (P.p == 23 ? P.mode != 2 : P.mode == 0) && (wide || top <= (int64_t(1) << 31));
   const bool wraps = top + (int64_t(1) << (P.F + 1)) > (int64_t(1) << 31);
+  const bool simple = !wraps && P.zero_exp == -126 && !P.flush_c && !P.has_min_exp && P.p == 23;
+  const Strip run = P.kind == kSafe ? strip_for<kSafe>(P.block, wide, simple)
+                                    : strip_for<kHybrid>(P.block, wide, simple);
+  const Strip split = strip_for<kSplit>(P.block, wide, simple);  // kHybrid where a value is not exact
+  const Finish slow = wide ? finish_for<true>(P.mode) : finish_for<false>(P.mode);
   DecodedA own;
   if (!shared) own.size(P);
   const DecodedA& A = shared ? *shared : own;
