@@ -878,52 +878,65 @@ __attribute__((noinline)) vu gfinish(const GParams& P, int64_t ng, const vi* T, 
 typedef vu (*GFinish)(const GParams&, int64_t, const vi*, const vi*, vi, vu);
 
 #if defined(__AVX2__)
-// The fast finish of the grouped model (AVX2 or AVX-512, 8 lanes at a time): each term
-// trunc(x * 2**(F - E)) is exact in float32 (a group: T < 2**20 times a power of two) or in float64
-// (the accumulator), their sum is an exact float64 integer (below 2**53: see Grouped), converted
-// to float32 in the model's direction (MXCSR), then E - F is added to its exponent field. Lanes
-// whose result would not be a normal float32, or whose exponents leave the float32 scales, are
-// flagged in `bad`.
-inline vu gfast(const GParams& P, int64_t ng, const vi* T, const vi* eg, vi E, vu acc, vi& bad) {
-  static_assert(W % 8 == 0, "lanes in 256-bit chunks");
-  constexpr int H = W / 8;  // chunks of 8 lanes: float32 in one __m256, float64 in two __m256d
+typedef double vd __attribute__((vector_size(8 * W)));  // W float64 lanes (two native vectors)
+
+// x truncated toward zero, lane by lane
+inline vf trunc_ps(vf x) {
+#if defined(__AVX512F__)
+  __m512 v;
+  std::memcpy(&v, &x, sizeof v);
+  v = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+#else
+  __m256 v;
+  std::memcpy(&v, &x, sizeof v);
+  v = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+#endif
+  std::memcpy(&x, &v, sizeof x);
+  return x;
+}
+inline vd trunc_pd(vd x) {
+#if defined(__AVX512F__)
+  __m512d v[2];
+  std::memcpy(v, &x, sizeof v);
+  for (auto& h : v) h = _mm512_roundscale_pd(h, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+#else
+  __m256d v[2];
+  std::memcpy(v, &x, sizeof v);
+  for (auto& h : v) h = _mm256_round_pd(h, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+#endif
+  std::memcpy(&x, v, sizeof x);
+  return x;
+}
+
+// The fast finish of the grouped model (AVX2 or AVX-512): each term trunc(x * 2**(F - E)) is
+// exact in float32 (a group: T < 2**20 times a power of two) or in float64 (the accumulator),
+// their sum is an exact float64 integer (below 2**53: see Grouped), converted to float32 in the
+// model's direction (MXCSR), then E - F is added to its exponent field. Lanes whose result would
+// not be a normal float32, or whose exponents leave the float32 scales, are flagged in `bad`.
+// egs: the group exponents plus F - 8 + 127 (a term's scale field before E).
+template <int NGc>
+__attribute__((always_inline)) inline vu gfast(const GParams& P, int64_t ng, const vi* T, const vi* egs, vi E, vu acc,
+                                               vi& bad) {
   const int F = (int)P.F;
   const vf c = acc_value(acc, P.flush_c);
   bad |= ((vi)((acc >> 23u) & 255u) == 255) | (E < -126) | (E > 126);
-  __m256d lo[H], hi[H];
-  for (int h = 0; h < H; h++) lo[h] = hi[h] = _mm256_setzero_pd();
-  for (int64_t g = 0; g < ng; g++) {  // T * 2**(F - 8 + e_g - E): below 2**-126 it truncates to 0 anyway
-    const vu s = (vu)(vmax(F - 8 + eg[g] - E, splat(-126)) + 127) << 23u;
-    vf scale, t = __builtin_convertvector(T[g], vf);
+  vd sum = (vd){};
+#pragma GCC unroll 8
+  for (int64_t g = 0; g < (NGc ? NGc : ng); g++) {  // T * 2**(F - 8 + e_g - E): below 2**-126 it truncates to 0 anyway
+    const vu s = (vu)vmax(egs[g] - E, splat(1)) << 23u;
+    vf scale;
     std::memcpy(&scale, &s, sizeof s);
-    t = t * scale;
-    __m256 x[H];
-    std::memcpy(x, &t, sizeof x);
-    for (int h = 0; h < H; h++) {
-      const __m256 v = _mm256_round_ps(x[h], _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-      lo[h] = _mm256_add_pd(lo[h], _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
-      hi[h] = _mm256_add_pd(hi[h], _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
-    }
+    sum += __builtin_convertvector(trunc_ps(__builtin_convertvector(T[g], vf) * scale), vd);
   }
   {  // the accumulator: trunc(c * 2**-E * 2**F) in float64
     const vu s = (vu)(127 - vmin(vmax(E, splat(-126)), splat(126))) << 23u;
-    __m256 cs[H], sc[H];
-    std::memcpy(cs, &c, sizeof cs);
-    std::memcpy(sc, &s, sizeof sc);
-    const __m256d f = _mm256_set1_pd((double)(int64_t(1) << F));
-    for (int h = 0; h < H; h++) {
-      const __m256d cl = _mm256_mul_pd(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(cs[h])),
-                                                     _mm256_cvtps_pd(_mm256_castps256_ps128(sc[h]))), f);
-      const __m256d ch = _mm256_mul_pd(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(cs[h], 1)),
-                                                     _mm256_cvtps_pd(_mm256_extractf128_ps(sc[h], 1))), f);
-      lo[h] = _mm256_add_pd(lo[h], _mm256_round_pd(cl, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC));
-      hi[h] = _mm256_add_pd(hi[h], _mm256_round_pd(ch, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC));
-    }
+    vf sc;
+    std::memcpy(&sc, &s, sizeof s);
+    sum += trunc_pd(__builtin_convertvector(c, vd) * __builtin_convertvector(sc, vd) * (double)(int64_t(1) << F));
   }
-  __m256 r[H];
-  for (int h = 0; h < H; h++) r[h] = _mm256_set_m128(_mm256_cvtpd_ps(hi[h]), _mm256_cvtpd_ps(lo[h]));  // MXCSR
+  const vf r = __builtin_convertvector(sum, vf);  // rounded in the model's direction (MXCSR)
   vi fb;
-  std::memcpy(&fb, r, sizeof fb);
+  std::memcpy(&fb, &r, sizeof fb);
   const vi zero = (fb & 0x7FFFFFFF) == 0;
   const vi be = ((fb >> 23) & 255) + (E - F);
   bad |= ~zero & ((be < 1) | (be > 254));
@@ -931,6 +944,7 @@ inline vu gfast(const GParams& P, int64_t ng, const vi* T, const vi* eg, vi E, v
 }
 constexpr bool kGroupedFast = true;
 #else
+template <int NGc>
 inline vu gfast(const GParams&, int64_t, const vi*, const vi*, vi, vu acc, vi& bad) {
   bad = splat(-1);
   return acc;
@@ -938,31 +952,42 @@ inline vu gfast(const GParams&, int64_t, const vi*, const vi*, vi, vu acc, vi& b
 constexpr bool kGroupedFast = false;
 #endif
 
+// Output rows [m0, m0 + R) of one strip of W columns of the grouped model, every chain; groups of
+// Gc products, NGc per block (0: P's). The rows are unrolled and gfinish() sits in a cold branch,
+// so that a block's state stays in registers.
+template <int Gc, int NGc>
 void gstrip(const GParams& P, const int32_t* lens, const float* va, const int32_t* am, const int32_t* sas,
             const int32_t* sae, const float* bs, const int32_t* bm, const int32_t* sbs, const int32_t* sbe,
             int64_t m0, int64_t n0, uint32_t* out, bool fast, GFinish slow) {
-  const int64_t K = P.K, L = P.block, G = P.group, KG = K / G;
+  const int64_t K = P.K, G = Gc ? Gc : P.group, ng = NGc ? NGc : P.block / G, L = ng * G, KG = K / G;
+  const int32_t bias = (int32_t)P.F - 8 + 127;  // gfast's scale field of a group, less E
   for (int64_t c0 = 0; c0 < K; c0 += P.chain_k) {
     vu acc[R];
+#pragma GCC unroll 4
     for (int r = 0; r < R; r++) acc[r] = splatu(0);
     const int64_t end = c0 + lens[c0 / P.chain_k];
     for (int64_t k0 = c0; k0 < end; k0 += L) {
-      const int64_t ng = L / G;
       vi E[R], eg[R][kMaxGroups], T[R][kMaxGroups];
+#pragma GCC unroll 4
       for (int r = 0; r < R; r++) E[r] = acc_exponent(acc[r], P.flush_c, P.zero_exp);
+#pragma GCC unroll 8
       for (int64_t g = 0; g < ng; g++) {
         const int64_t kg0 = k0 + g * G, gi = kg0 / G;
         vf sum[R];
+#pragma GCC unroll 4
         for (int r = 0; r < R; r++) sum[r] = (vf){};
+#pragma GCC unroll 32
         for (int64_t k = kg0; k < kg0 + G; k++) {
           vf b;
           std::memcpy(&b, bs + k * W, sizeof b);
+#pragma GCC unroll 4
           for (int r = 0; r < R; r++) sum[r] += b * va[(m0 + r) * K + k];  // exact: contracted to FMA
         }
         vi bsig, bexp, bmask;
         std::memcpy(&bsig, sbs + gi * W, sizeof bsig);
         std::memcpy(&bexp, sbe + gi * W, sizeof bexp);
         std::memcpy(&bmask, bm + gi * W, sizeof bmask);
+#pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
           vi S = bsig * sas[(m0 + r) * KG + gi];
           T[r][g] = __builtin_convertvector(sum[r], vi) * S;
@@ -971,10 +996,26 @@ void gstrip(const GParams& P, const int32_t* lens, const float* va, const int32_
           E[r] = vmax(E[r], eg[r][g]);
         }
       }
-      for (int r = 0; r < R; r++) {  // the fast finish where it holds for the row's lanes, else gfinish()
-        vi bad = splat(0);
-        const vu bits = fast ? gfast(P, ng, T[r], eg[r], E[r], acc[r], bad) : acc[r];
-        acc[r] = fast && !any(bad) ? bits : slow(P, ng, T[r], eg[r], E[r], acc[r]);
+      if (fast) {  // the fast finish where it holds for every lane of the R rows
+        vu bits[R];
+        vi bad[R], worst = splat(0);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+          vi egs[kMaxGroups];
+#pragma GCC unroll 8
+          for (int64_t g = 0; g < ng; g++) egs[g] = eg[r][g] + bias;
+          bad[r] = splat(0);
+          bits[r] = gfast<NGc>(P, ng, T[r], egs, E[r], acc[r], bad[r]);
+          worst |= bad[r];
+        }
+        if (__builtin_expect(!any(worst), 1)) {
+#pragma GCC unroll 4
+          for (int r = 0; r < R; r++) acc[r] = bits[r];
+          continue;
+        }
+        for (int r = 0; r < R; r++) acc[r] = any(bad[r]) ? slow(P, ng, T[r], eg[r], E[r], acc[r]) : bits[r];
+      } else {
+        for (int r = 0; r < R; r++) acc[r] = slow(P, ng, T[r], eg[r], E[r], acc[r]);
       }
     }
     const int64_t chain = c0 / P.chain_k;
@@ -983,6 +1024,10 @@ void gstrip(const GParams& P, const int32_t* lens, const float* va, const int32_
     }
   }
 }
+
+typedef void (*GStrip)(const GParams&, const int32_t*, const float*, const int32_t*, const int32_t*, const int32_t*,
+                       const float*, const int32_t*, const int32_t*, const int32_t*, int64_t, int64_t, uint32_t*, bool,
+                       GFinish);
 
 ffi::Error Grouped(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::F32> va, ffi::Buffer<ffi::S32> sas,
                    ffi::Buffer<ffi::S32> sae, ffi::Buffer<ffi::F32> vb, ffi::Buffer<ffi::S32> sbs,
@@ -1015,6 +1060,8 @@ ffi::Error Grouped(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::F32> va, ffi::Bu
     const RoundingMode rounding((int)mode);
     const GFinish slow = mode == 0 ? gfinish<0> : mode == 1 ? gfinish<1> : mode == 2 ? gfinish<2>
                          : mode == 3 ? gfinish<3> : gfinish<4>;
+    // the presets' blocks of 64 in groups of 16 at compile time
+    const GStrip strip = group == 16 && block == 64 ? gstrip<16, 4> : gstrip<0, 0>;
     std::vector<float> bsv(K * W);
     std::vector<int32_t> sbsv(KG * W), sbev(KG * W), bmv(KG * W);
     for (int64_t s = s0; s < s1; s++) {
@@ -1035,8 +1082,8 @@ ffi::Error Grouped(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::F32> va, ffi::Bu
         std::memcpy(&sbev[g * W], sbe.typed_data() + g * N + n0, W * sizeof(int32_t));
       }
       for (int64_t m0 = 0; m0 < P.M; m0 += R)
-        gstrip(P, lens.typed_data(), a, am.data(), sas.typed_data(), sae.typed_data(), bsv.data(), bmv.data(),
-               sbsv.data(), sbev.data(), m0, n0, out->typed_data(), fast, slow);
+        strip(P, lens.typed_data(), a, am.data(), sas.typed_data(), sae.typed_data(), bsv.data(), bmv.data(),
+              sbsv.data(), sbev.data(), m0, n0, out->typed_data(), fast, slow);
     }
   };
   if (T == 1) {
