@@ -79,7 +79,7 @@ def block_quantize(x, etype: str, stype: str, *, block: int) -> BlockQuantized:
     """Quantise ``x`` (..., K) in blocks of ``block`` along its last axis (K a multiple of
     ``block``) to ``etype`` elements (e4m3, e5m2, e3m2, e2m3, e2m1) with ``stype`` scales: "ue8m0"
     (MX) or "ue4m3" (NVFP4, e2m1 elements); see the module docstring."""
-    from tcemu._src.gemm import _real, quantize
+    from tcemu._src.gemm import _code_values, _quantize_codes, _real
     from tcemu._src.memory import is_integer_value
 
     if not isinstance(etype, str) or etype not in EMAX:
@@ -108,12 +108,11 @@ def block_quantize(x, etype: str, stype: str, *, block: int) -> BlockQuantized:
     else:  # NVFP4
         t = jnp.max(jnp.abs(jnp.where(jnp.isnan(x), 0, x)))
         tensor = jnp.where(jnp.isfinite(t) & (t > 0), rounding.divide(6 * 448, t), jnp.float32(1))
-        s = quantize(jnp.minimum(rounding.divide(amax, 6) * tensor, 448), "e4m3")  # RNE, saturating
-        codes = jnp.where(bad, 0x7F, fm.to_bits(s.astype(fm.VALUE_DTYPES["e4m3"]), "e4m3")).astype(jnp.uint32)
+        s_codes = _quantize_codes(jnp.minimum(rounding.divide(amax, 6) * tensor, 448), "e4m3")  # RNE, saturating
+        s = _code_values(s_codes, "e4m3")
+        codes = jnp.where(bad, 0x7F, s_codes).astype(jnp.uint32)
         scales = jnp.where(bad, jnp.nan, s)
         y = jnp.where(s[..., None] > 0, xb * rounding.divide(tensor, jnp.where(s > 0, s, 1))[..., None], 0)
     y = jnp.clip(jnp.where(jnp.isnan(y), 0, y), -top, top)
-    elements = quantize(y, etype).reshape(x.shape)
-    from tcemu._src.gemm import _bits
-
-    return BlockQuantized(elements, scales, _bits(elements, etype), codes, tensor)
+    element_codes = _quantize_codes(y, etype).reshape(x.shape)
+    return BlockQuantized(_code_values(element_codes, etype), scales, element_codes, codes, tensor)

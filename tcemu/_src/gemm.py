@@ -175,7 +175,13 @@ def quantize(x, etype: str, mode: str = "rne", key=None):
         raise ValueError(f"quantize: unknown format {etype!r}; valid: {', '.join(QUANTIZE_FORMATS)}")
     if not isinstance(mode, str) or mode not in QUANTIZE_MODES:
         raise ValueError(f"quantize: mode must be one of {', '.join(QUANTIZE_MODES)}, got {mode!r}")
-    x = _real(x, "quantize", "x").astype(jnp.float32)
+    return _code_values(_quantize_codes(_real(x, "quantize", "x"), etype, mode, key), etype)
+
+
+def _quantize_codes(x, etype: str, mode: str = "rne", key=None):
+    """:func:`quantize`'s result as the element format's bit patterns (uint32; tf32 as float32
+    patterns), from one conversion (arguments already checked)."""
+    x = jnp.asarray(x).astype(jnp.float32)
     fmt = fm.FORMATS[etype]
     if etype in _MX:
         return _quantize_mx_element(x, fmt, mode, key)
@@ -183,20 +189,28 @@ def quantize(x, etype: str, mode: str = "rne", key=None):
         if etype == "tf32":
             # float32 NaNs whose payload lies below the tf32 fraction would read as inf: canonical NaN
             q = jax.lax.reduce_precision(x, exponent_bits=8, mantissa_bits=10)
-            return jnp.where(jnp.isnan(x), _f32(fm.TF32.canonical_nan), q)
-        # widened in integers: under jit, XLA on GPUs drops a float convert pair f32 -> bf16 -> f32
-        return _widen(fm.to_bits(x.astype(fm.VALUE_DTYPES[etype]), etype), fmt)
+            return jax.lax.bitcast_convert_type(jnp.where(jnp.isnan(x), _f32(fm.TF32.canonical_nan), q), jnp.uint32)
+        return fm.to_bits(x.astype(fm.VALUE_DTYPES[etype]), etype)
     if mma_numerics.check_key(key, "quantize") is None:
         raise ValueError("quantize: mode='stochastic' needs key=jax.random.key(...)")
     bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
     q = engine.convert(bits, fm.F32, fmt, "stochastic", overflow="inf", rand=jax.random.bits(key, x.shape, jnp.uint32))
     if not fmt.has_inf:  # engine.convert maps infinities to S.1111.000 (256), e4m3's NaN is S.1111.111
         q = jnp.where(jnp.isinf(x), jnp.uint32(fmt.canonical_nan), q)
-    return jax.lax.bitcast_convert_type(q, jnp.float32) if etype == "tf32" else _widen(q, fmt)
+    return q
+
+
+def _code_values(codes, etype: str):
+    """Element bit patterns -> their exact values in float32 (widened in integers: under jit, XLA
+    on GPUs drops a float convert pair such as f32 -> bf16 -> f32)."""
+    if etype == "tf32":
+        return jax.lax.bitcast_convert_type(codes, jnp.float32)
+    return _widen(codes, fm.FORMATS[etype])
 
 
 def _quantize_mx_element(x, fmt, mode, key):
-    """fp6/fp4 rounding in integers: saturating, infinities to the largest finite value, NaN to -0."""
+    """fp6/fp4 rounding in integers (bit patterns): saturating, infinities to the largest finite
+    value, NaN to -0."""
     rand = None
     if mode == "stochastic":
         if mma_numerics.check_key(key, "quantize") is None:
@@ -207,8 +221,7 @@ def _quantize_mx_element(x, fmt, mode, key):
     q = engine.convert(bits, fm.F32, fmt, mode, overflow="saturate", rand=rand)
     top = jnp.uint32(((fmt.emax + fmt.bias) << fmt.fraction_bits) | fmt.max_fraction)
     q = jnp.where(d.is_inf, jnp.where(d.sign != 0, jnp.uint32(fmt.sign_bit), 0) | top, q)
-    q = jnp.where(d.is_nan, jnp.uint32(fmt.sign_bit), q)
-    return _widen(q, fmt)
+    return jnp.where(d.is_nan, jnp.uint32(fmt.sign_bit), q)
 
 
 def _f32(bits: int):
