@@ -234,6 +234,12 @@ def use(model, afmt, bfmt, k: int, acc: str, *, gemm: bool = False) -> bool:
     return gemm and min(model.block_size, k) <= longest and _gpu() and available_gpu()
 
 
+def lanes() -> int:
+    """Output columns per vector of the CPU kernel (16 with AVX-512, 8 with AVX2, 4 otherwise; 0
+    without the kernel)."""
+    return int(_state["CPU"][1].tcemu_lanes()) if available() else 0
+
+
 def _threads() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
@@ -262,6 +268,11 @@ def chains(a_bits, b_bits, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, model, *,
     gpu = _gpu()
     if not (available_gpu() if gpu else available()):
         raise RuntimeError(f"tcemu: the compiled kernel is not available ({_error('GPU' if gpu else 'CPU')})")
+    M, N = np.shape(a_bits)[-2], np.shape(b_bits)[-1]
+    if not gpu and N < lanes() and N < M:  # narrow outputs (m16n8): D^T = B^T A^T fills more of a vector
+        t = lambda x: None if x is None else jnp.swapaxes(jnp.asarray(x), -1, -2)  # noqa: E731
+        return t(chains(t(b_bits), t(a_bits), bfmt, afmt, model, k=k, chain_k=chain_k, lens=lens, a_exp=t(b_exp),
+                        b_exp=t(a_exp), c=t(c), scale_block=scale_block))
     scaled = a_exp is not None or b_exp is not None
     kind = _KIND_SAFE if not scaled and afmt.name in _SAFE and bfmt.name in _SAFE else _KIND_HYBRID
     a_bits, b_bits = jnp.asarray(a_bits).astype(jnp.uint32), jnp.asarray(b_bits).astype(jnp.uint32)

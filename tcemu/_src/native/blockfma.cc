@@ -1162,6 +1162,9 @@ ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::F32> a, ffi::Buff
 
 }  // namespace
 
+// output columns per vector: native.chains lays out narrow outputs (N < W) transposed
+extern "C" int tcemu_lanes() { return W; }
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tcemu_blockfma_chains, Chains,
                               TCEMU_CHAINS_ATTRS(TCEMU_CHAINS_ARGS(ffi::Ffi::Bind())));
 
