@@ -407,12 +407,12 @@ __attribute__((always_inline)) inline void terms_split(const Params& P, const fl
   }
 }
 
-// A float32 accumulator's exponent for the block's alignment (zero: zero_exp), and its value
-// (flushed to 0 if subnormal inputs are).
-inline vi acc_exponent(vu acc, bool flush, int32_t zero_exp) {
-  const vi ce = (vi)((acc >> 23u) & 255u);
-  const vi nz = flush ? (ce != 0) : (vi)((acc & 0x7FFFFFFFu) != 0);
-  return nz ? vmax(ce, splat(1)) - 127 : splat(zero_exp);
+// The mask under which a float32 accumulator's bits are 0 where it counts as zero (subnormals too
+// where subnormal inputs are flushed), its exponent for the block's alignment (zero: zero_exp), and
+// its value (flushed to 0 if subnormal inputs are).
+inline vu zero_mask(bool flush) { return splatu(flush ? 0x7F800000u : 0x7FFFFFFFu); }
+inline vi acc_exponent(vu acc, vu zmask, int32_t zero_exp) {
+  return (acc & zmask) != 0 ? vmax((vi)((acc >> 23u) & 255u), splat(1)) - 127 : splat(zero_exp);
 }
 inline vf acc_value(vu acc, bool flush) {
   vf c;
@@ -467,6 +467,27 @@ Finish finish_for(int mode) {
          : mode == 3 ? finish<3, Wide> : finish<4, Wide>;
 }
 
+// The fast finish's pieces for one row: the accumulator's term trunc(c * scale) (Masked: 0 where
+// it counts as zero, zmask), and the block's exact sum with it as one int32 word, with the lanes
+// where one word does not hold it (|hi| >= 2**14 of two words; a wrapped sum) ORed into bad.
+template <bool Masked>
+inline vi acc_term(vu acc, vf scale, vu zmask) {
+  vf c;
+  std::memcpy(&c, &acc, sizeof c);
+  const vi t = __builtin_convertvector(c * scale, vi);
+  return Masked ? ((acc & zmask) != 0 ? t : splat(0)) : t;
+}
+template <bool Wide>
+__attribute__((always_inline)) inline vi one_word(vi S, vi Shi, vi Slo, vi tc, bool wraps, vi& bad) {
+  if (Wide) {  // hi * 2**16 + lo + tc as one word where |hi| < 2**14: below 2**31
+    bad |= (Shi >= (1 << 14)) | (Shi <= -(1 << 14));
+    return (vi)(((vu)Shi << 16u) + (vu)(Slo + tc));
+  }
+  const vi s = (vi)((vu)S + (vu)tc);
+  if (wraps) bad |= ((S ^ s) & (tc ^ s)) < 0;
+  return s;
+}
+
 // One block of the R rows, the careful way (out of the hot loop): scales clamped to float32's
 // range, exact values or significands as the block allows (kHybrid), the fast finish for the rows
 // whose lanes it holds for, finish() for the others. E: the block's alignment exponents; acc: the
@@ -482,7 +503,7 @@ __attribute__((noinline)) void careful_block(const Params& P, const Entry& X, in
   const int64_t K = P.K;
   const int F = (int)P.F;
   const int32_t keep = ~((1 << (23 - P.p)) - 1);
-  const vu zmask = splatu(P.flush_c ? 0x7F800000u : 0x7FFFFFFFu);  // an accumulator that counts as zero
+  const vu zmask = zero_mask(P.flush_c);
   vi S[R], Shi[R], Slo[R];
   vf scale[R];
   for (int r = 0; r < R; r++) {
@@ -505,17 +526,7 @@ __attribute__((noinline)) void careful_block(const Params& P, const Entry& X, in
     vi bad = (E[r] < F - 126) | (E[r] > F + 96);
     vu bits = acc[r];
     if (fast) {
-      vf c;
-      std::memcpy(&c, &acc[r], sizeof c);
-      const vi tc = (acc[r] & zmask) != 0 ? __builtin_convertvector(c * scale[r], vi) : splat(0);
-      vi s;
-      if (Wide) {  // hi * 2**16 + lo + tc as one word where |hi| < 2**14: below 2**31
-        s = (vi)(((vu)Shi[r] << 16u) + (vu)(Slo[r] + tc));
-        bad |= (Shi[r] >= (1 << 14)) | (Shi[r] <= -(1 << 14));
-      } else {
-        s = (vi)((vu)S[r] + (vu)tc);
-        if (wraps) bad |= ((S[r] ^ s) & (tc ^ s)) < 0;
-      }
+      const vi s = one_word<Wide>(S[r], Shi[r], Slo[r], acc_term<true>(acc[r], scale[r], zmask), wraps, bad);
       const vf f = __builtin_convertvector(s, vf);  // rounded in the model's direction (MXCSR)
       vi fb;
       std::memcpy(&fb, &f, sizeof fb);
@@ -545,7 +556,7 @@ void strip(const Params& P, const Entry& X, int64_t m0, int64_t n0, bool fast, b
   const int32_t* lens = X.lens;
   const int F = (int)P.F;
   const int32_t keep = ~((1 << (23 - P.p)) - 1);  // the fast finish: RZ to an accumulator of p fraction bits
-  const vu zmask = splatu(P.flush_c ? 0x7F800000u : 0x7FFFFFFFu);  // an accumulator that counts as zero
+  const vu zmask = zero_mask(P.flush_c);
   const vi min_exp = splat(P.has_min_exp ? P.min_exp : -(1 << 30));
   // the hot path's exponents: the fast finish's, and kHybrid's exact values (E >= F - 125)
   const int32_t lo_ok = F - 126 + (How == kHybrid), hi_ok = F + 96;
@@ -561,10 +572,9 @@ void strip(const Params& P, const Entry& X, int64_t m0, int64_t n0, bool fast, b
     for (int64_t k0 = c0; k0 < end; k0 += L) {
       vi E[R];
 #pragma GCC unroll 4
-      for (int r = 0; r < R; r++) {  // acc_exponent
-        const vi e = (vi)((acc[r] >> 23u) & 255u) - 127;
-        E[r] = Simple ? vmax(e, splat(-126)) : (acc[r] & zmask) != 0 ? vmax(e, splat(-126)) : splat(P.zero_exp);
-      }
+      for (int r = 0; r < R; r++)
+        E[r] = Simple ? vmax((vi)((acc[r] >> 23u) & 255u) - 127, splat(-126))
+                      : acc_exponent(acc[r], zmask, P.zero_exp);
       {  // the largest product exponent: int16 sums of pack16 sentinels (NaN/inf >= 12000, zero <= -3700)
         vh top[R / 2];
 #pragma GCC unroll 2
@@ -602,13 +612,12 @@ void strip(const Params& P, const Entry& X, int64_t m0, int64_t n0, bool fast, b
           E[r] = zero ? vmax(E[r], splat(P.zero_exp)) : E[r];
         }
       }
+#pragma GCC unroll 4
+      for (int r = 0; r < R; r++)
+        if (!Simple) E[r] = vmax(E[r], min_exp);
       vi lo = E[0], hi = E[0];
 #pragma GCC unroll 4
-      for (int r = 0; r < R; r++) {
-        if (!Simple) E[r] = vmax(E[r], min_exp);
-        lo = vmin(lo, E[r]);
-        hi = vmax(hi, E[r]);
-      }
+      for (int r = 1; r < R; r++) lo = vmin(lo, E[r]), hi = vmax(hi, E[r]);
       bool hot = fast && !any((lo < lo_ok) | (hi > hi_ok));
       if (__builtin_expect(hot, 1)) {
         vi S[R], Shi[R], Slo[R];
@@ -628,17 +637,9 @@ void strip(const Params& P, const Entry& X, int64_t m0, int64_t n0, bool fast, b
         vi worst = splat(0);
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-          vf c;
-          std::memcpy(&c, &acc[r], sizeof c);
-          const vi tc = Simple || (acc[r] & zmask) != 0 ? __builtin_convertvector(c * scale[r], vi) : splat(0);
-          vi s;
-          if (Wide) {  // hi * 2**16 + lo + tc as one word where |hi| < 2**14: below 2**31
-            s = (vi)(((vu)Shi[r] << 16u) + (vu)(Slo[r] + tc));
-            worst |= (Shi[r] >= (1 << 14)) | (Shi[r] <= -(1 << 14));
-          } else {
-            s = (vi)((vu)S[r] + (vu)tc);
-            if (!Simple && wraps) worst |= ((S[r] ^ s) & (tc ^ s)) < 0;
-          }
+          // Simple: every accumulator's term counts (a zero one is 0 anyway), no sum wraps
+          const vi s = one_word<Wide>(S[r], Shi[r], Slo[r], acc_term<!Simple>(acc[r], scale[r], zmask),
+                                      !Simple && wraps, worst);
           vf f = __builtin_convertvector(s, vf);  // rounded in the model's direction (MXCSR)
           if (!Simple) {
             vi fb;
@@ -961,6 +962,7 @@ void gstrip(const GParams& P, const int32_t* lens, const float* va, const int32_
             int64_t m0, int64_t n0, uint32_t* out, bool fast, GFinish slow) {
   const int64_t K = P.K, G = Gc ? Gc : P.group, ng = NGc ? NGc : P.block / G, L = ng * G, KG = K / G;
   const int32_t bias = (int32_t)P.F - 8 + 127;  // gfast's scale field of a group, less E
+  const vu zmask = zero_mask(P.flush_c);
   for (int64_t c0 = 0; c0 < K; c0 += P.chain_k) {
     vu acc[R];
 #pragma GCC unroll 4
@@ -969,7 +971,7 @@ void gstrip(const GParams& P, const int32_t* lens, const float* va, const int32_
     for (int64_t k0 = c0; k0 < end; k0 += L) {
       vi E[R], eg[R][kMaxGroups], T[R][kMaxGroups];
 #pragma GCC unroll 4
-      for (int r = 0; r < R; r++) E[r] = acc_exponent(acc[r], P.flush_c, P.zero_exp);
+      for (int r = 0; r < R; r++) E[r] = acc_exponent(acc[r], zmask, P.zero_exp);
 #pragma GCC unroll 8
       for (int64_t g = 0; g < ng; g++) {
         const int64_t kg0 = k0 + g * G, gi = kg0 / G;
