@@ -184,6 +184,34 @@ def test_block_scaled_equal_engine(monkeypatch):
     _check(monkeypatch, cfg, a, b, (sa.at[3, 1].set(255), sb))
 
 
+MX_SCHEDULES = [dict(), dict(schedule=tcemu.KSchedule(k_tile=64, residue="first", slices=2)),
+                dict(schedule=tcemu.KSchedule(k_tile=128, residue="first", slices=3, slice_align=32))]
+
+
+@pytest.mark.parametrize("sched", MX_SCHEDULES, ids=lambda s: s["schedule"].describe() if s else "one chain")
+def test_block_scaled_schedules_equal_engine(monkeypatch, sched):
+    """kind::mxf8f6f4 GEMMs under K schedules (residue first, slices): the CPU kernel reads one
+    exponent per 32-element scale block (gemm._scale_unit), a NaN scale included."""
+    rng = np.random.default_rng(37)
+    K = 224
+    cfg = tcemu.GemmConfig(arch="sm_120", instruction=SM120_MX, **sched)
+    assert gemm._scale_unit(cfg.k_schedule.plan(K, cfg.ins.k), cfg.ins.k, 32, None) == 32
+    a, b = _bits(rng, (20, K), "e4m3"), _bits(rng, (K, 40), "e2m1")
+    sa = jnp.asarray(rng.integers(110, 150, (20, K // 32)).astype(np.uint32))
+    sb = jnp.asarray(rng.integers(100, 160, (K // 32, 40)).astype(np.uint32))
+    _check(monkeypatch, cfg, a, b, (sa, sb.at[2, 5].set(255)))
+
+
+def test_scale_unit_keeps_blocks_whole():
+    """Per element where a plan's runs or zero fills cut scale blocks (slices of 80 elements with
+    blocks of 32), or the grouped model's groups do not nest with the blocks."""
+    cut = tcemu.KSchedule(slices=3, slice_align=8).plan(224, 32)
+    whole = tcemu.KSchedule(slices=2).plan(224, 32)
+    assert gemm._scale_unit(cut, 32, 32, None) == 1 and gemm._scale_unit(whole, 32, 32, None) == 32
+    assert gemm._scale_unit(whole, 32, 32, 16) == 32 and gemm._scale_unit(whole, 32, 32, 48) == 1
+    assert gemm._scale_unit(whole, 32, 64, None) == 1  # instructions shorter than a block
+
+
 LARGE = [("H100", H100_F16, "f16", "f16", {}), ("H100", H100_TF32, "tf32", "tf32", {}),
          ("V100", WMMA_F16, "f16", "f16", {}), ("A100", H100_BF16, "bf16", "bf16", {}),
          ("H100", H100_E4M3, "e4m3", "e4m3", {}), ("sm_89", SM89_E4M3, "e4m3", "e5m2", {}),

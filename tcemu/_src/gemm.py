@@ -273,16 +273,17 @@ def _tiles(x, r, c):
 _DEFER_MAX_BLOCKS = 4
 
 
-def _lay_k(x, plan, axis):
-    """``x`` with its K axis laid out as the plan's instructions read it (zeros where they pad)."""
+def _lay_k(x, plan, axis, unit: int = 1):
+    """``x`` with its K axis laid out as the plan's instructions read it (zeros where they pad);
+    ``unit``: elements of K per entry of ``x`` (scale blocks), which every run must keep whole."""
     pieces = []
     for a, b in plan.runs():
         if a < 0:
             shape = list(x.shape)
-            shape[axis] = b
+            shape[axis] = b // unit
             pieces.append(jnp.zeros(shape, x.dtype))
         else:
-            pieces.append(jax.lax.slice_in_dim(x, a, b, axis=axis))
+            pieces.append(jax.lax.slice_in_dim(x, a // unit, b // unit, axis=axis))
     return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=axis)
 
 
@@ -374,6 +375,17 @@ def _combine(chain, plan, acc, G: int, shape):
     return _reduce(jax.lax.map(partial, jnp.arange(plan.slices)), sched, f32_add)
 
 
+def _scale_unit(plan, k: int, block: int, group: int | None) -> int:
+    """Elements of the laid-out K per scale entry the kernels read: ``block`` where the
+    instructions (``k``), the plan's runs and zero fills and the grouped model's groups
+    (``group``) keep scale blocks whole, else 1."""
+    group = group or block
+    runs = plan.runs()
+    whole = (k % block == 0 and (block % group == 0 or group % block == 0)
+             and all(b % block == 0 and (a < 0 or a % block == 0) for a, b in runs))
+    return block if whole else 1
+
+
 def _native_gemm(a_bits, b_bits, ins: Mma, model, plan, scales):
     """The GEMM on the compiled kernel: every chain of the plan (slices, promotion groups) at
     once, or, when their results would take more than ``_NATIVE_CHAIN_BYTES``, one chain at a
@@ -381,33 +393,38 @@ def _native_gemm(a_bits, b_bits, ins: Mma, model, plan, scales):
     afmt, bfmt = fm.FORMATS[ins.atype], fm.FORMATS[ins.btype]
     A, B = _lay_k(jnp.asarray(a_bits), plan, 1), _lay_k(jnp.asarray(b_bits), plan, 0)
     a_exp = b_exp = nan = None
-    if scales is not None:  # per element of the laid-out K (zeros where the plan pads)
+    S, T, k = plan.slices, plan.steps, ins.k
+    unit = 1  # elements of the laid-out K per scale entry
+    if scales is not None:  # per element of the laid-out K (zeros where the plan pads), or per block
         blk = ins.scale_block
-        sa = fm.decode_scale(_lay_k(jnp.repeat(scales[0], blk, axis=1), plan, 1), ins.stype)
-        sb = fm.decode_scale(_lay_k(jnp.repeat(scales[1], blk, axis=0), plan, 0), ins.stype)
+        if native._cpu():  # the GPU kernel's exponents per block have not run on a GPU
+            unit = _scale_unit(plan, k, blk, model.scale_group)
+        sa = fm.decode_scale(_lay_k(jnp.repeat(scales[0], blk // unit, axis=1), plan, 1, unit), ins.stype)
+        sb = fm.decode_scale(_lay_k(jnp.repeat(scales[1], blk // unit, axis=0), plan, 0, unit), ins.stype)
         a_exp, b_exp = sa.exp, sb.exp  # ue8m0 exponents added to the elements' (kind::mxf8f6f4)
         nan = jnp.any(sa.is_nan, axis=1)[:, None] | jnp.any(sb.is_nan, axis=0)[None, :]
     # chains: every slice's promotion groups of g instructions (the last one padded), each running
     # its valid instructions
-    S, T, k = plan.slices, plan.steps, ins.k
     g = plan.group or T
     G = -(-T // g)
 
-    def groups(x, axis):  # (.., S*T*k, ..) -> (.., S*G*g*k, ..)
-        shape = x.shape[:axis] + (S, T * k) + x.shape[axis + 1:]
+    def groups(x, axis, unit=1):  # (.., S*T*k / unit, ..) -> (.., S*G*g*k / unit, ..)
+        shape = x.shape[:axis] + (S, T * k // unit) + x.shape[axis + 1:]
         pad = [(0, 0)] * (x.ndim + 1)
-        pad[axis + 1] = (0, (G * g - T) * k)
-        return jnp.pad(x.reshape(shape), pad).reshape(x.shape[:axis] + (S * G * g * k,) + x.shape[axis + 1:])
+        pad[axis + 1] = (0, (G * g - T) * k // unit)
+        return jnp.pad(x.reshape(shape), pad).reshape(x.shape[:axis] + (S * G * g * k // unit,) + x.shape[axis + 1:])
 
     A, B = groups(A, 1), groups(B, 0)
-    a_exp = None if a_exp is None else groups(a_exp, 1)
-    b_exp = None if b_exp is None else groups(b_exp, 0)
+    a_exp = None if a_exp is None else groups(a_exp, 1, unit)
+    b_exp = None if b_exp is None else groups(b_exp, 0, unit)
     runs = plan.valid.sum(axis=1)[:, None] - g * np.arange(G)[None, :]
     lens = (np.clip(runs, 0, g) * k).reshape(-1)
-    if model.scale_group is not None:  # grouped fp4: one scale per group of G elements
+    if model.scale_group is not None:  # grouped fp4: one scale per group of sg elements
         sg = model.scale_group
-        sa = fm.Scale(*(groups(x, 1)[:, ::sg] for x in sa))
-        sb = fm.Scale(*(groups(x, 0)[::sg] for x in sb))
+        per = lambda x, ax: (jnp.repeat(x, unit // sg, axis=ax) if unit >= sg  # noqa: E731
+                             else jax.lax.slice_in_dim(x, 0, None, sg // unit, axis=ax))
+        sa = fm.Scale(*(per(groups(x, 1, unit), 1) for x in sa))
+        sb = fm.Scale(*(per(groups(x, 0, unit), 0) for x in sb))
 
     def run(c0, n, lens):  # chains c0 .. c0 + n - 1
         ck = g * k
@@ -416,7 +433,8 @@ def _native_gemm(a_bits, b_bits, ins: Mma, model, plan, scales):
             return native.grouped_chains(cut(A, 1), cut(B, 0), fm.Scale(*(cut(x, 1, sg) for x in sa)),
                                          fm.Scale(*(cut(x, 0, sg) for x in sb)), model, k=k, chain_k=ck, lens=lens)
         return native.chains(cut(A, 1), cut(B, 0), afmt, bfmt, model, k=k, chain_k=ck, lens=lens,
-                             a_exp=None if a_exp is None else cut(a_exp, 1), b_exp=None if b_exp is None else cut(b_exp, 0))
+                             a_exp=None if a_exp is None else cut(a_exp, 1, unit),
+                             b_exp=None if b_exp is None else cut(b_exp, 0, unit), scale_block=unit if unit > 1 else 0)
 
     acc = fm.FORMATS[ins.dtype]
     M, N = a_bits.shape[0], b_bits.shape[1]
