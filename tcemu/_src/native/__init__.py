@@ -3,7 +3,8 @@
 ``blockfma.cc`` computes chains of fused block FMAs exactly as :mod:`tcemu._src.numerics.engine`
 does on its one-word path (per-product alignment, int32 block sum, one rounding): it decodes the
 operands' bits itself, vectorises over output columns (one vector register: 16 with AVX-512, 8
-with AVX2, 4 otherwise) and threads over column strips and batch entries. It is compiled on first
+with AVX2, 4 otherwise; :func:`lanes`, and outputs narrower than that with more rows run
+transposed, D^T = B^T A^T) and threads over column strips and batch entries. It is compiled on first
 use with the system's C++ compiler (``$CXX`` or ``c++``) against the XLA FFI headers that jaxlib
 ships, cached under ``$TCEMU_CACHE_DIR`` (default
 ``~/.cache/tcemu``), and used on the CPU backend for the models it covers (:func:`supports`) by
