@@ -477,6 +477,28 @@ inline vi acc_term(vu acc, vf scale, vu zmask) {
   const vi t = __builtin_convertvector(c * scale, vi);
   return Masked ? ((acc & zmask) != 0 ? t : splat(0)) : t;
 }
+// The fast finish's result: the one-word sum s converted to float32 in the model's direction
+// (MXCSR), the fraction bits a narrower accumulator lacks cleared (Keep), times 2**(E - F) read off
+// the scale 2**(F - E): exact where the fast finish holds (a normal number; +0 for s = 0).
+template <bool Keep>
+inline vu fast_result(vi s, vf scale, int32_t keep) {
+  vf f = __builtin_convertvector(s, vf);
+  if (Keep) {
+    vi fb;
+    std::memcpy(&fb, &f, sizeof fb);
+    fb &= keep;
+    std::memcpy(&f, &fb, sizeof f);
+  }
+  vu iu;
+  std::memcpy(&iu, &scale, sizeof iu);
+  iu = splatu(254u << 23) - iu;
+  vf inv;
+  std::memcpy(&inv, &iu, sizeof inv);
+  const vf r = f * inv;
+  vu bits;
+  std::memcpy(&bits, &r, sizeof bits);
+  return bits;
+}
 template <bool Wide>
 __attribute__((always_inline)) inline vi one_word(vi S, vi Shi, vi Slo, vi tc, bool wraps, vi& bad) {
   if (Wide) {  // hi * 2**16 + lo + tc as one word where |hi| < 2**14: below 2**31
@@ -494,7 +516,7 @@ __attribute__((always_inline)) inline vi one_word(vi S, vi Shi, vi Slo, vi tc, b
 // accumulators, updated. The fast finish (sums that fit one int32 word, a binary32 accumulator
 // with an IEEE rounding direction, or a narrower one with RZ) converts the block's sum to float32
 // in the model's direction (clearing the fraction bits a narrower accumulator lacks) and scales it
-// by 2**(E - F). It holds for a lane when F - 126 <= E <= F + 96 (the result is then a normal
+// by 2**(E - F) (fast_result). It holds for a lane when F - 126 <= E <= F + 96 (the result is then a normal
 // number, the accumulator's term trunc(c * 2**(F - E)) is exact, and E is no special-value
 // sentinel) and the sum did not wrap.
 template <int How, bool Wide, int Lc>
@@ -527,10 +549,7 @@ __attribute__((noinline)) void careful_block(const Params& P, const Entry& X, in
     vu bits = acc[r];
     if (fast) {
       const vi s = one_word<Wide>(S[r], Shi[r], Slo[r], acc_term<true>(acc[r], scale[r], zmask), wraps, bad);
-      const vf f = __builtin_convertvector(s, vf);  // rounded in the model's direction (MXCSR)
-      vi fb;
-      std::memcpy(&fb, &f, sizeof fb);
-      bits = (vu)((s == 0) ? splat(0) : (fb & keep) + ((E[r] - F) << 23));
+      bits = fast_result<true>(s, scale[r], keep);  // the clamped scale is exact where it holds
     }
     acc[r] = fast && !any(bad) ? bits
                                : slow(P, X, S[r], Wide ? Shi[r] : S[r], Wide ? Slo[r] : S[r], E[r], acc[r], m0 + r, n0,
@@ -640,20 +659,7 @@ void strip(const Params& P, const Entry& X, int64_t m0, int64_t n0, bool fast, b
           // Simple: every accumulator's term counts (a zero one is 0 anyway), no sum wraps
           const vi s = one_word<Wide>(S[r], Shi[r], Slo[r], acc_term<!Simple>(acc[r], scale[r], zmask),
                                       !Simple && wraps, worst);
-          vf f = __builtin_convertvector(s, vf);  // rounded in the model's direction (MXCSR)
-          if (!Simple) {
-            vi fb;
-            std::memcpy(&fb, &f, sizeof fb);
-            fb &= keep;
-            std::memcpy(&f, &fb, sizeof f);
-          }
-          vu iu;
-          std::memcpy(&iu, &scale[r], sizeof iu);
-          iu = splatu(254u << 23) - iu;  // 2**(E - F)
-          vf inv;
-          std::memcpy(&inv, &iu, sizeof inv);
-          const vf res = f * inv;
-          std::memcpy(&bits[r], &res, sizeof res);
+          bits[r] = fast_result<!Simple>(s, scale[r], keep);
         }
         if (__builtin_expect(!any(worst), 1)) {
 #pragma GCC unroll 4
@@ -661,7 +667,7 @@ void strip(const Params& P, const Entry& X, int64_t m0, int64_t n0, bool fast, b
           continue;
         }
       }
-      vu tmp[R];
+      vu tmp[R];  // copies: acc and E, never address-taken, stay in registers on the hot path
       vi et[R];
       for (int r = 0; r < R; r++) tmp[r] = acc[r], et[r] = E[r];
       careful_block<How, Wide, Lc>(P, X, m0, n0, k0, et, tmp, fast, wraps, slow);
