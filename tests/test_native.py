@@ -80,6 +80,12 @@ def _model(cfg):
     return mma_numerics.resolve_model(cfg.ins, cfg.model, resolve(cfg.arch))
 
 
+def _tiled(a, b):
+    """A and B repeated to at least 128 x 128 outputs: the GPU kernel's large tiles (its 1 x 1
+    kernel runs below 16384 outputs) see every row and column of the originals."""
+    return np.tile(a, (-(-128 // a.shape[0]), 1)), np.tile(b, (1, -(-128 // b.shape[1])))
+
+
 def _check(monkeypatch, cfg, a, b, scales=None):
     """gemm_bits on the kernel against gemm_bits on the engine: same bits, same format."""
     monkeypatch.setenv("TCEMU_NATIVE", "1")
@@ -436,7 +442,7 @@ def test_fast_finish_edges_equal_engine(monkeypatch, ins, t, rounding):
     exact-value products for bf16/tf32, and the fallbacks where they do not hold (int32 wrap,
     results near the float32 limits, blocks beyond float32's exponents), against the engine."""
     rng = np.random.default_rng(23)
-    a, b = _edge_operands(t, 96, rng)
+    a, b = _tiled(*_edge_operands(t, 96, rng))
 
     def bits(x):
         if t == "tf32":
@@ -488,6 +494,7 @@ def test_mixed_row_groups_equal_engine(monkeypatch, arch, ins, t, changes):
 
     cfg = tcemu.GemmConfig(arch=arch, instruction=ins)
     cfg = tcemu.GemmConfig(arch=arch, instruction=ins, model=_model(cfg).replace(**changes))
+    a, b = _tiled(a, b)
     got = _check(monkeypatch, cfg, bits(a), bits(b)).view(np.float32)
     assert (got[2] != 0).any() and (np.abs(got[3]) > 2.0 ** (90 if wide else 12)).any()
 
@@ -504,7 +511,7 @@ def test_wide_fast_finish_edges_equal_engine(monkeypatch):
     bmat[:, 8:] = rng.standard_normal((K, 8))
     e4m3 = lambda v: fm.to_bits(jnp.asarray(v.astype(ml_dtypes.float8_e4m3fn)), "e4m3")  # noqa: E731
     cfg = tcemu.GemmConfig(arch="sm_120", instruction=SM120.format("e4m3", "e4m3"))
-    _check(monkeypatch, cfg, e4m3(x), e4m3(bmat))
+    _check(monkeypatch, cfg, *(e4m3(v) for v in _tiled(x, bmat)))
 
 
 @cpu_only

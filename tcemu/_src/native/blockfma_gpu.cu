@@ -326,8 +326,10 @@ enum Sums { kOne = 0, kWrap = 1, kGroups = 2 };
 // bn0 + x TN ... The threads copy the decoded rows of up to kLmax products (whole blocks of L) of
 // their tile to shared memory at a time. Per output the registers hold the accumulator, the scale
 // 2**(F - E) (E - F and the range checks follow from its exponent field) and the block's sum.
-// Lc: the block length (0: P.block, at most kLmax); How: Kind; Sum: Sums.
-template <int TM, int TN, int Lc, int How, int Sum>
+// Lc: the block length (0: P.block, at most kLmax); How: Kind; Sum: Sums; Simple: the usual models
+// (a zero accumulator's exponent -126, so every accumulator's is max(e, -126), and zero products
+// never raise E; no flushed accumulator; no minimum exponent; a binary32 accumulator).
+template <int TM, int TN, int Lc, int How, int Sum, bool Simple>
 __global__ void __launch_bounds__(256, TCEMU_MINB)
     chains_kernel(Params P, Ptrs X) {
   typedef typename std::conditional<Sum == kGroups, long long, int32_t>::type Total;
@@ -384,7 +386,9 @@ __global__ void __launch_bounds__(256, TCEMU_MINB)
 #pragma unroll
             for (int i = 0; i < TM; i++)
 #pragma unroll
-              for (int j = 0; j < TN; j++) E[i][j] = acc_exponent(acc[i][j], flush_c, zero_exp);
+              for (int j = 0; j < TN; j++)
+                E[i][j] = Simple ? max((int32_t)((acc[i][j] >> 23) & 255), 1) - 127
+                                 : acc_exponent(acc[i][j], flush_c, zero_exp);
             TCEMU_PRAGMA(unroll TCEMU_UNROLL)
             for (int kk = kb; kk < kb + L; kk++) {
               int32_t a[TM], b[TN];
@@ -400,9 +404,9 @@ __global__ void __launch_bounds__(256, TCEMU_MINB)
 #pragma unroll
               for (int j = 0; j < TN; j++) {
                 int32_t e = E[i][j];
-                if (zero_policy && e < zero_exp)
+                if (!Simple && zero_policy && e < zero_exp)
                   e = block_exponent<BM, BN>(P, s_ea + kb, s_eb + kb, L, ty * TM + i, tx * TN + j, acc[i][j]);
-                if (has_min_exp) e = max(e, min_exp);
+                if (!Simple && has_min_exp) e = max(e, min_exp);
                 scale[i][j] = pow2f(clampi(F - e + 127, 1, 254));
               }
           }
@@ -463,35 +467,33 @@ __global__ void __launch_bounds__(256, TCEMU_MINB)
           }
           // The fast finish of every output, branch-free (computed everywhere, kept where it holds), with
           // the int-to-float conversion in the model's direction (one switch per block): badmask, the
-          // outputs it does not hold for.
+          // outputs it does not hold for. It holds where F - 126 <= E <= F + 96 (the scale's exponent
+          // field within [31, 253]) and the sum did not wrap: then the converted sum (|s| <= 2**31,
+          // its fraction bits beyond the accumulator's cleared) times 2**(E - F) is a normal number
+          // or +0, one exact product.
           uint32_t badmask = 0;
           auto finish_fast = [&](auto to_f32, auto to_f64) {
 #pragma unroll
             for (int i = 0; i < TM; i++)
 #pragma unroll
               for (int j = 0; j < TN; j++) {
-                const int32_t ef = field(i, j), d = 127 - ef;  // d = E - F
+                const int32_t sbits = __float_as_int(scale[i][j]);
                 const uint32_t c = acc[i][j];
-                const float cv = flush_c && ((c >> 23) & 255) == 0 ? 0.0f : __uint_as_float(c);
-                bool bad = !fast || (uint32_t)(ef - 31) > 222u;  // ef within [31, 253]
-                int32_t fb;
-                bool zero;
+                const float cv = !Simple && flush_c && ((c >> 23) & 255) == 0 ? 0.0f : __uint_as_float(c);
+                bool bad = !fast || (uint32_t)((sbits >> 23) - 31) > 222u;
+                float r;
                 if (Sum == kGroups) {
-                  const int64_t s = (int64_t)T[i][j] + (int64_t)__float2ll_rz(__fmul_rn(cv, scale[i][j]));
-                  fb = __float_as_int(to_f64(s));
-                  zero = s == 0;
+                  r = to_f64((int64_t)T[i][j] + (int64_t)__float2ll_rz(__fmul_rn(cv, scale[i][j])));
                 } else {  // |tc| < 2**(F + 1)
                   const int32_t tc = __float2int_rz(__fmul_rn(cv, scale[i][j]));
                   const int32_t s = (int32_t)((uint32_t)T[i][j] + (uint32_t)tc);
                   if (Sum == kWrap) bad |= ((T[i][j] ^ s) & (tc ^ s)) < 0;
-                  fb = __float_as_int(to_f32(s));
-                  zero = s == 0;
+                  r = to_f32(s);
                 }
-                const int32_t be = ((fb >> 23) & 255) + d;
-                bad |= !zero && (uint32_t)(be - 1) > 253u;  // be within [1, 254]
-                const uint32_t bits = zero ? 0u : (uint32_t)(fb & keep) + ((uint32_t)d << 23);
+                if (!Simple) r = __int_as_float(__float_as_int(r) & keep);
+                const float bits = __fmul_rn(r, __int_as_float((254 << 23) - sbits));  // 2**(E - F)
                 badmask |= (uint32_t)bad << (i * TN + j);
-                acc[i][j] = bad ? c : bits;
+                acc[i][j] = bad ? c : __float_as_uint(bits);
               }
           };
           switch (mode) {
@@ -529,23 +531,32 @@ __global__ void __launch_bounds__(256, TCEMU_MINB)
 typedef void (*KernelFn)(Params, Ptrs);
 
 // Tiles of 4 x 2 outputs per thread, specialised on the block length; 1 x 1 (small GEMMs): generic.
-template <int How, int Sum>
-KernelFn pick_sums(int64_t L, bool small) {
-  if (small) return chains_kernel<1, 1, 0, How, Sum>;
+template <int How, int Sum, bool Simple>
+KernelFn pick_lengths(int64_t L) {
   constexpr int TM = TCEMU_TM, TN = TCEMU_TN;
-  return L == 4 ? chains_kernel<TM, TN, 4, How, Sum> : L == 8 ? chains_kernel<TM, TN, 8, How, Sum>
-         : L == 16 ? chains_kernel<TM, TN, 16, How, Sum> : L == 32 ? chains_kernel<TM, TN, 32, How, Sum>
-         : chains_kernel<TM, TN, 0, How, Sum>;
+  return L == 4 ? chains_kernel<TM, TN, 4, How, Sum, Simple> : L == 8 ? chains_kernel<TM, TN, 8, How, Sum, Simple>
+         : L == 16 ? chains_kernel<TM, TN, 16, How, Sum, Simple> : chains_kernel<TM, TN, 32, How, Sum, Simple>;
+}
+
+// simple: the model is one of the usual ones (chains_kernel's Simple), which have kernels for the
+// presets' block lengths and one-word sums
+template <int How, int Sum>
+KernelFn pick_sums(int64_t L, bool small, bool simple) {
+  if (small) return chains_kernel<1, 1, 0, How, Sum, false>;
+  if (L != 4 && L != 8 && L != 16 && L != 32) return chains_kernel<TCEMU_TM, TCEMU_TN, 0, How, Sum, false>;
+  if constexpr (Sum != kGroups)
+    if (simple) return pick_lengths<How, Sum, true>(L);
+  return pick_lengths<How, Sum, false>(L);
 }
 
 template <int How>
-KernelFn pick_how(int sum, int64_t L, bool small) {
-  return sum == kOne ? pick_sums<How, kOne>(L, small) : sum == kWrap ? pick_sums<How, kWrap>(L, small)
-                                                                     : pick_sums<How, kGroups>(L, small);
+KernelFn pick_how(int sum, int64_t L, bool small, bool simple) {
+  return sum == kOne ? pick_sums<How, kOne>(L, small, simple) : sum == kWrap ? pick_sums<How, kWrap>(L, small, simple)
+                                                                             : pick_sums<How, kGroups>(L, small, simple);
 }
 
-KernelFn pick(int kind, int sum, int64_t L, bool small) {
-  return kind == kSafe ? pick_how<kSafe>(sum, L, small) : pick_how<kHybrid>(sum, L, small);
+KernelFn pick(int kind, int sum, int64_t L, bool small, bool simple) {
+  return kind == kSafe ? pick_how<kSafe>(sum, L, small, simple) : pick_how<kHybrid>(sum, L, small, simple);
 }
 
 ffi::Error Chains(cudaStream_t stream, ffi::Buffer<ffi::S32> lens,
@@ -642,7 +653,8 @@ ffi::Error Chains(cudaStream_t stream, ffi::Buffer<ffi::S32> lens,
   const bool small = P.M * P.N < 16384;  // tiles of 16 x 16 outputs, else TM x TN per thread
   dim3 tb(16, 16);
   const int tm = small ? 1 : TCEMU_TM, tn = small ? 1 : TCEMU_TN;
-  KernelFn fn = pick(P.kind, sum, P.block, small);
+  const bool simple = P.zero_exp == -126 && !P.flush_c && !P.has_min_exp && P.p == 23;
+  KernelFn fn = pick(P.kind, sum, P.block, small, simple);
   dim3 grid((unsigned)((P.N + 16 * tn - 1) / (16 * tn)), (unsigned)((P.M + 16 * tm - 1) / (16 * tm)),
             (unsigned)std::min<int64_t>(batch, 65535));
   fn<<<grid, tb, 0, stream>>>(P, X);
