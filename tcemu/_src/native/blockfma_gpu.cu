@@ -380,38 +380,34 @@ __global__ void __launch_bounds__(256, TCEMU_MINB)
         __syncthreads();
         for (int kb = 0; kb < rows; kb += L) {  // the blocks of products k0 .. k0 + L: tile rows kb ..
           const int64_t k0 = t0 + kb;
-          float scale[TM][TN];
-          {
-            int32_t E[TM][TN];
+          int32_t E[TM][TN];  // the alignment exponents
+#pragma unroll
+          for (int i = 0; i < TM; i++)
+#pragma unroll
+            for (int j = 0; j < TN; j++)
+              E[i][j] = Simple ? max((int32_t)((acc[i][j] >> 23) & 255), 1) - 127
+                               : acc_exponent(acc[i][j], flush_c, zero_exp);
+          TCEMU_PRAGMA(unroll TCEMU_UNROLL)
+          for (int kk = kb; kk < kb + L; kk++) {
+            int32_t a[TM], b[TN];
+            load<TM>(&s_ea[kk][ty * TM], a);
+            load<TN>(&s_eb[kk][tx * TN], b);
 #pragma unroll
             for (int i = 0; i < TM; i++)
 #pragma unroll
-              for (int j = 0; j < TN; j++)
-                E[i][j] = Simple ? max((int32_t)((acc[i][j] >> 23) & 255), 1) - 127
-                                 : acc_exponent(acc[i][j], flush_c, zero_exp);
-            TCEMU_PRAGMA(unroll TCEMU_UNROLL)
-            for (int kk = kb; kk < kb + L; kk++) {
-              int32_t a[TM], b[TN];
-              load<TM>(&s_ea[kk][ty * TM], a);
-              load<TN>(&s_eb[kk][tx * TN], b);
-#pragma unroll
-              for (int i = 0; i < TM; i++)
-#pragma unroll
-                for (int j = 0; j < TN; j++) E[i][j] = max(E[i][j], a[i] + b[j]);
-            }
+              for (int j = 0; j < TN; j++) E[i][j] = max(E[i][j], a[i] + b[j]);
+          }
+          if (!Simple) {
 #pragma unroll
             for (int i = 0; i < TM; i++)
 #pragma unroll
               for (int j = 0; j < TN; j++) {
-                int32_t e = E[i][j];
-                if (!Simple && zero_policy && e < zero_exp)
-                  e = block_exponent<BM, BN>(P, s_ea + kb, s_eb + kb, L, ty * TM + i, tx * TN + j, acc[i][j]);
-                if (!Simple && has_min_exp) e = max(e, min_exp);
-                scale[i][j] = pow2f(clampi(F - e + 127, 1, 254));
+                if (zero_policy && E[i][j] < zero_exp)
+                  E[i][j] = block_exponent<BM, BN>(P, s_ea + kb, s_eb + kb, L, ty * TM + i, tx * TN + j, acc[i][j]);
+                if (has_min_exp) E[i][j] = max(E[i][j], min_exp);
               }
           }
-          // E - F = 127 - (scale's exponent field) where the field is within [2, 253]
-          auto field = [&](int i, int j) { return __float_as_int(scale[i][j]) >> 23; };
+          float scale[TM][TN];  // 2**(F - E)
           // S += trunc(a * b * 2**(F - E)) over tile rows [lo, hi)
           auto terms = [&](int lo, int hi, int32_t (&S)[TM][TN]) {
             TCEMU_PRAGMA(unroll TCEMU_UNROLL)
@@ -425,16 +421,8 @@ __global__ void __launch_bounds__(256, TCEMU_MINB)
                 for (int j = 0; j < TN; j++) S[i][j] += __float2int_rz(__fmul_rn(__fmul_rn(b[j], a[i]), scale[i][j]));
             }
           };
-          Total T[TM][TN];
-          bool values = How == kSafe;
-          if (How == kHybrid && !split_all) {  // every term exact in float32: F - 125 <= E <= 126
-            values = true;
-#pragma unroll
-            for (int i = 0; i < TM; i++)
-#pragma unroll
-              for (int j = 0; j < TN; j++) values &= (uint32_t)(field(i, j) - (F + 1)) <= (uint32_t)(251 - F);
-          }
-          if (values) {
+          // the block's terms from exact values: int32 sums, of P.group terms for kGroups
+          auto value_sums = [&](Total (&T)[TM][TN]) {
             int32_t S[TM][TN];
 #pragma unroll
             for (int i = 0; i < TM; i++)
@@ -455,7 +443,89 @@ __global__ void __launch_bounds__(256, TCEMU_MINB)
 #pragma unroll
                 for (int j = 0; j < TN; j++) T[i][j] = S[i][j];
             }
-          } else {  // rare: significands times a power of two per product
+          };
+          // the model's int-to-float conversion (one switch per block) of an int32 (f32) or int64 (f64)
+          auto by_mode = [&](auto body) {
+            switch (mode) {
+              case 0: return body([](int32_t x) { return __int2float_rz(x); }, [](long long x) { return __ll2float_rz(x); });
+              case 1: return body([](int32_t x) { return __int2float_rn(x); }, [](long long x) { return __ll2float_rn(x); });
+              case 3: return body([](int32_t x) { return __int2float_ru(x); }, [](long long x) { return __ll2float_ru(x); });
+              default: return body([](int32_t x) { return __int2float_rd(x); }, [](long long x) { return __ll2float_rd(x); });
+            }
+          };
+          // The fast finish's result: the block's sum with the accumulator's term (T, updated) converted
+          // in the model's direction (its fraction bits beyond the accumulator's cleared), times 2**(E -
+          // F) read off the scale. Where F - 126 <= E <= F + 96 (the scale's exponent field within
+          // [31, 253]) and the sum did not wrap, this is exact: a normal number (|s| <= 2**31) or +0.
+          auto result = [&](auto to_f32, auto to_f64, const Total& s, float sc) {
+            const float r = Sum == kGroups ? to_f64((long long)s) : to_f32((int32_t)s);
+            const float rk = Simple ? r : __int_as_float(__float_as_int(r) & keep);
+            return __float_as_uint(__fmul_rn(rk, __int_as_float((254 << 23) - __float_as_int(sc))));
+          };
+          // the accumulator's term trunc(c * 2**(F - E)) added to t (output i, j's block sum); returns
+          // whether the int32 sum wrapped
+          auto add_acc = [&](int i, int j, Total& t) {
+            const uint32_t c = acc[i][j];
+            const float cv = !Simple && flush_c && ((c >> 23) & 255) == 0 ? 0.0f : __uint_as_float(c);
+            if (Sum == kGroups) {
+              t += (long long)__float2ll_rz(__fmul_rn(cv, scale[i][j]));
+              return false;
+            }
+            const int32_t tc = __float2int_rz(__fmul_rn(cv, scale[i][j]));  // |tc| < 2**(F + 1)
+            const int32_t s = (int32_t)((uint32_t)t + (uint32_t)tc);
+            const bool wrap = Sum == kWrap && ((t ^ s) & (tc ^ s)) < 0;
+            t = s;
+            return wrap;
+          };
+          // The hot path, for blocks where the fast finish holds for every output of the thread (and
+          // kHybrid reads exact values, F - 125 <= E): unclamped scales; the results are kept unless a
+          // sum wrapped.
+          int32_t lo = E[0][0], hi = E[0][0];
+#pragma unroll
+          for (int i = 0; i < TM; i++)
+#pragma unroll
+            for (int j = 0; j < TN; j++) lo = min(lo, E[i][j]), hi = max(hi, E[i][j]);
+          if (fast && !(How == kHybrid && split_all) && lo >= F - 126 + (How == kHybrid) && hi <= F + 96) {
+#pragma unroll
+            for (int i = 0; i < TM; i++)
+#pragma unroll
+              for (int j = 0; j < TN; j++) scale[i][j] = __int_as_float((F + 127 - E[i][j]) << 23);
+            Total T[TM][TN];
+            value_sums(T);
+            bool wrapped = false;
+#pragma unroll
+            for (int i = 0; i < TM; i++)
+#pragma unroll
+              for (int j = 0; j < TN; j++) wrapped |= add_acc(i, j, T[i][j]);
+            if (!wrapped) {
+              by_mode([&](auto to_f32, auto to_f64) {
+#pragma unroll
+                for (int i = 0; i < TM; i++)
+#pragma unroll
+                  for (int j = 0; j < TN; j++) acc[i][j] = result(to_f32, to_f64, T[i][j], scale[i][j]);
+                return 0;
+              });
+              continue;
+            }
+          }
+          // Any other block: scales clamped to float32's range, exact values or (kHybrid) significands
+          // as the block allows, the fast finish where it holds, else the exact finish.
+#pragma unroll
+          for (int i = 0; i < TM; i++)
+#pragma unroll
+            for (int j = 0; j < TN; j++) scale[i][j] = pow2f(clampi(F + 127 - E[i][j], 1, 254));
+          Total T[TM][TN];
+          bool values = How == kSafe;
+          if (How == kHybrid && !split_all) {  // every term exact in float32: F - 125 <= E <= 126
+            values = true;
+#pragma unroll
+            for (int i = 0; i < TM; i++)
+#pragma unroll
+              for (int j = 0; j < TN; j++) values &= (uint32_t)(E[i][j] - (F - 125)) <= (uint32_t)(251 - F);
+          }
+          if (values) {
+            value_sums(T);
+          } else {  // significands times a power of two per product
             const float* sa = X.sa + ia * K * Mp + m0 + k0 * Mp;
             const float* sb = X.sb + ib * K * Np + n0 + k0 * Np;
 #pragma unroll
@@ -465,51 +535,21 @@ __global__ void __launch_bounds__(256, TCEMU_MINB)
                 T[i][j] = (Total)split_sum<BM, BN>(P, s_ea + kb, s_eb + kb, L, ty * TM + i, tx * TN + j, acc[i][j],
                                                    sa + i, sb + j);
           }
-          // The fast finish of every output, branch-free (computed everywhere, kept where it holds), with
-          // the int-to-float conversion in the model's direction (one switch per block): badmask, the
-          // outputs it does not hold for. It holds where F - 126 <= E <= F + 96 (the scale's exponent
-          // field within [31, 253]) and the sum did not wrap: then the converted sum (|s| <= 2**31,
-          // its fraction bits beyond the accumulator's cleared) times 2**(E - F) is a normal number
-          // or +0, one exact product.
+          // the fast finish where it holds (badmask: the outputs it does not hold for), else the exact finish
           uint32_t badmask = 0;
-          auto finish_fast = [&](auto to_f32, auto to_f64) {
+          by_mode([&](auto to_f32, auto to_f64) {
 #pragma unroll
             for (int i = 0; i < TM; i++)
 #pragma unroll
               for (int j = 0; j < TN; j++) {
-                const int32_t sbits = __float_as_int(scale[i][j]);
-                const uint32_t c = acc[i][j];
-                const float cv = !Simple && flush_c && ((c >> 23) & 255) == 0 ? 0.0f : __uint_as_float(c);
-                bool bad = !fast || (uint32_t)((sbits >> 23) - 31) > 222u;
-                float r;
-                if (Sum == kGroups) {
-                  r = to_f64((int64_t)T[i][j] + (int64_t)__float2ll_rz(__fmul_rn(cv, scale[i][j])));
-                } else {  // |tc| < 2**(F + 1)
-                  const int32_t tc = __float2int_rz(__fmul_rn(cv, scale[i][j]));
-                  const int32_t s = (int32_t)((uint32_t)T[i][j] + (uint32_t)tc);
-                  if (Sum == kWrap) bad |= ((T[i][j] ^ s) & (tc ^ s)) < 0;
-                  r = to_f32(s);
-                }
-                if (!Simple) r = __int_as_float(__float_as_int(r) & keep);
-                const float bits = __fmul_rn(r, __int_as_float((254 << 23) - sbits));  // 2**(E - F)
+                Total s = T[i][j];
+                const bool bad = add_acc(i, j, s) || !fast || (uint32_t)((__float_as_int(scale[i][j]) >> 23) - 31) > 222u;
+                const uint32_t r = result(to_f32, to_f64, s, scale[i][j]);
                 badmask |= (uint32_t)bad << (i * TN + j);
-                acc[i][j] = bad ? c : __float_as_uint(bits);
+                acc[i][j] = bad ? acc[i][j] : r;
               }
-          };
-          switch (mode) {
-            case 0:
-              finish_fast([](int32_t x) { return __int2float_rz(x); }, [](long long x) { return __ll2float_rz(x); });
-              break;
-            case 1:
-              finish_fast([](int32_t x) { return __int2float_rn(x); }, [](long long x) { return __ll2float_rn(x); });
-              break;
-            case 3:
-              finish_fast([](int32_t x) { return __int2float_ru(x); }, [](long long x) { return __ll2float_ru(x); });
-              break;
-            default:
-              finish_fast([](int32_t x) { return __int2float_rd(x); }, [](long long x) { return __ll2float_rd(x); });
-              break;
-          }
+            return 0;
+          });
           if (badmask) {  // rare: the exact finish, one output at a time
 #pragma unroll
             for (int i = 0; i < TM; i++)
