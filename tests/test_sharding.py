@@ -1,13 +1,17 @@
 """GEMMs and register-level programs sharded over several devices: the same bits as on one device,
 and the work split (each device runs the kernel on its own rows). Runs in a subprocess with two
-CPU devices (``--xla_force_host_platform_device_count=2``)."""
+CPU devices (``--xla_force_host_platform_device_count=2``), and with two GPUs where the machine
+has them (each GPU runs the CUDA kernel on its shard)."""
 from __future__ import annotations
 
 import json
 import os
 import subprocess
 import sys
+import shutil
 import textwrap
+
+import pytest
 
 from conftest import ROOT
 
@@ -24,6 +28,12 @@ SCRIPT = textwrap.dedent(r"""
                                             np.atleast_1d(np.asarray(y)).view(np.uint8)))
     rng = np.random.default_rng(0)
     out = {}
+
+    def kernels(fn, *args):  # the shapes of the kernel calls' results on each device, and any gathers
+        hlo = fn.lower(*args).compile().as_text()
+        return ([re.search(r"f32\[([0-9,]+)\]", line).group(1) for line in hlo.splitlines()
+                 if 'custom_call_target="tcemu_blockfma' in line], "all-gather" in hlo)
+
     cfg = tcemu.GemmConfig(arch="H100", instruction="wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16")
     mm = jax.jit(lambda a, b: tcemu.matmul(a, b, config=cfg))
     a = rng.standard_normal((64, 96)).astype(np.float32)
@@ -32,9 +42,7 @@ SCRIPT = textwrap.dedent(r"""
     for name, sa, sb in [("rows", P("d", None), P()), ("cols", P(), P(None, "d")), ("k", P(None, "d"), P("d", None))]:
         A, B = put(a, sa), put(b, sb)
         got = mm(A, B)
-        hlo = mm.lower(A, B).compile().as_text()
-        out[name] = dict(same=same(got, ref), spec=str(got.sharding.spec),
-                         kernels=re.findall(r"f32\[1,(\d+),(\d+)\]\{[0-9,]*\} custom-call", hlo))
+        out[name] = dict(same=same(got, ref), spec=str(got.sharding.spec), kernels=kernels(mm, A, B)[0])
     a3 = rng.standard_normal((4, 16, 32)).astype(np.float32)
     b3 = rng.standard_normal((4, 32, 16)).astype(np.float32)
     got = mm(put(a3, P("d")), put(b3, P("d")))
@@ -80,14 +88,31 @@ SCRIPT = textwrap.dedent(r"""
     mem[:, :1024] = rng.standard_normal((8, 512)).astype(np.float16).view(np.uint8)
     vw = jax.jit(jax.vmap(warp))
     got = vw(put(mem, P("d", None)))
-    out["warps"] = dict(same=same(got, vw(mem)), spec=str(got.sharding.spec))
+    out["warps"] = dict(same=same(got, vw(mem)), spec=str(got.sharding.spec),
+                        kernels=kernels(vw, put(mem, P("d", None))))
+    got = vw(mem)  # not sharded: every device runs every warp
+    out["warps_replicated"] = dict(same=same(got, vw(mem)), kernels=kernels(vw, mem))
     print("RESULT" + json.dumps(out))
 """)
 
 
-def test_sharded_over_two_devices_same_bits_and_split():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(ROOT))
+def _two_gpus() -> bool:
+    """Whether this machine has two NVIDIA GPUs (asked of nvidia-smi, so that this process does
+    not take GPU memory that the subprocess needs)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    listing = subprocess.run([smi, "-L"], capture_output=True, text=True).stdout
+    return listing.count("GPU ") >= 2
+
+
+@pytest.mark.parametrize("platform", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not _two_gpus(), reason="needs two GPUs"))])
+def test_sharded_over_two_devices_same_bits_and_split(platform):
+    env = dict(os.environ, JAX_PLATFORMS=platform, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="0,1",
+               XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    if platform == "cpu":
+        env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.split("RESULT", 1)[1])
@@ -96,6 +121,11 @@ def test_sharded_over_two_devices_same_bits_and_split():
     assert out["batched"]["spec"].startswith("P('d'") and out["warps"]["spec"].startswith("P('d'")
     # each device's kernel computes half the outputs: 32 of 64 rows, or 24 of 48 columns; with K
     # sharded, the freed mesh axis splits the rows
-    assert out["rows"]["kernels"] == [["32", "48"]], out["rows"]
-    assert out["cols"]["kernels"] == [["64", "24"]], out["cols"]
-    assert out["k"]["kernels"] == [["32", "48"]], out["k"]
+    assert out["rows"]["kernels"] == ["1,32,48"], out["rows"]
+    assert out["cols"]["kernels"] == ["1,64,24"], out["cols"]
+    assert out["k"]["kernels"] == ["1,32,48"], out["k"]
+    # the vmapped wmma program, nothing gathered: on the CPU each device's kernel call runs its 4 of
+    # the 8 warps (the GPU kernel runs GEMMs only: single MMAs are XLA's own ops there)
+    cpu = platform == "cpu"
+    assert out["warps"]["kernels"] == [["4,1,16,16"] if cpu else [], False], out["warps"]
+    assert out["warps_replicated"]["kernels"] == [["8,1,16,16"] if cpu else [], False], out["warps_replicated"]

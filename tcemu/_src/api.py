@@ -261,5 +261,5 @@ def _mma_jit(ins, arch, model):
     key = (dataclasses.replace(ins, spelling="", alayout="row", blayout="col"), arch, model)
     if key not in _JITS:
         _JITS[key] = jax.jit(lambda A, B, C, k, SA, SB: mma_numerics.mma_bits_batched(
-            ins, A, B, C, model, arch=arch, key=k, scale_a=SA, scale_b=SB))
+            ins, A, B, C, model, arch=arch, key=k, scale_a=SA, scale_b=SB, over_devices=True))
     return _JITS[key]

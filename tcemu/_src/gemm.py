@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tcemu._src import formats as fm
-from tcemu._src import native
+from tcemu._src import native, sharding
 from tcemu._src.arch import resolve
 from tcemu._src.isa.parse import Mma, Unsupported, parse
 from tcemu._src.numerics import engine
@@ -682,21 +682,7 @@ def _partitioned(cfg: GemmConfig, scaled: bool):
     f.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
                     need_replication_factors=("k",) + (("s",) if scaled else ()))
 
-    @jax.custom_batching.custom_vmap
-    def g(a, b, *s):
-        return f(a, b, *s)
-
-    @g.def_vmap
-    def _(axis_size, in_batched, a, b, *s):  # a vmap of the batched GEMM: one batch of batches
-        def lead(x, batched):
-            return x if batched else jnp.broadcast_to(x, (axis_size,) + x.shape)
-
-        xs = [lead(x, bt) for x, bt in zip((a, b) + s, in_batched)]
-        flat = [x.reshape((-1,) + x.shape[2:]) for x in xs]
-        out = g(*flat)
-        return out.reshape((axis_size, -1) + out.shape[1:]), True
-
-    return g
+    return sharding.fold_vmap(f)  # a vmap of the batched GEMM: one batch of batches
 
 
 # ---------------------------------------------------------------------------------------------

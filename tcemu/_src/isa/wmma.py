@@ -302,7 +302,8 @@ class MmaRegs(Instruction):
             B = jnp.moveaxis(B.reshape(ins.k, 4, ins.n), 1, 0)
             C = C.reshape(4, ins.m, ins.n)
         sa, sb = scales if scales is not None else (None, None)
-        D = mma_numerics.mma_bits(ins, A, B, C, self.model, arch=self.arch, key=key, scale_a=sa, scale_b=sb)
+        D = mma_numerics.mma_bits(ins, A, B, C, self.model, arch=self.arch, key=key, scale_a=sa, scale_b=sb,
+                                  over_devices=True)
         D = D.reshape(self.fd.rows, self.fd.cols)
         return regs.at[:, list(d)].set(matrix_to_fragment(_from_numeric(D, ins.dtype), self.fd))
 

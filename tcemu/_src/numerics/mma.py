@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tcemu._src import formats as fm
-from tcemu._src import native
+from tcemu._src import native, sharding
 from tcemu._src.arch import resolve
 from tcemu._src.isa.parse import Mma
 from tcemu._src.numerics import engine, fma64, grouped, integer
@@ -110,10 +110,13 @@ def _float_plan(ins: Mma, m: BlockFMA):
     return "f32", fm.F32, ins.ctype == "f16", ins.dtype == "f16"
 
 
-def mma_bits(ins: Mma, a, b, c, model, *, arch="sm_90", key=None, scale_a=None, scale_b=None):
+def mma_bits(ins: Mma, a, b, c, model, *, arch="sm_90", key=None, scale_a=None, scale_b=None,
+             over_devices: bool = False):
     """``D = A @ B + C`` of instruction ``ins`` on encoded operands (see module docstring);
     block-scaled kinds take ``scale_a`` (..., M, K / block) and ``scale_b`` (..., K / block, N)
-    scale-factor codes."""
+    scale-factor codes. ``over_devices``: the compiled kernel's call is partitioned over the
+    leading axes (:func:`tcemu._src.sharding.over_batch`), for callers that are not partitioned
+    themselves (the GEMM is)."""
     fam = ins.family
     if fam == "int":
         return integer.int_mma(a, b, c, satfinite=ins.satfinite)
@@ -123,9 +126,9 @@ def mma_bits(ins: Mma, a, b, c, model, *, arch="sm_90", key=None, scale_a=None, 
         return fma64.fma_chain_bits(a, b, c, ins.rnd)
     m = resolve_model(ins, model, arch)
     if ins.scale_vec is not None:
-        return _scaled(ins, m, a, b, c, scale_a, scale_b, key)
+        return _scaled(ins, m, a, b, c, scale_a, scale_b, key, over_devices)
     if _native_ok(ins, m):
-        return _native(ins, m, a, b, c)
+        return _native(ins, m, a, b, c, over_devices=over_devices)
     prep = engine.prepare(a, fm.FORMATS[ins.atype], b, fm.FORMATS[ins.btype], m)
     return _float_prepared(ins, m, prep, c, key)
 
@@ -139,15 +142,20 @@ def _native_ok(ins: Mma, m: BlockFMA) -> bool:
                       _float_plan(ins, m)[0])
 
 
-def _native(ins: Mma, m: BlockFMA, a, b, c, a_exp=None, b_exp=None, scale_block=0):
-    """:func:`_float_prepared` on the compiled CPU kernel: one chain of K from C (``addend="last"``:
-    from +0, then one addition of C), over every leading batch axis in one call; ``a_exp`` /
-    ``b_exp`` exponents per element, or per block of ``scale_block`` elements."""
+def _native(ins: Mma, m: BlockFMA, a, b, c, a_exp=None, b_exp=None, scale_block=0, over_devices=False):
+    """:func:`_float_prepared` on the compiled kernel: one chain of K from C (``addend="last"``:
+    from +0, then one addition of C), over every leading batch axis in one call (``over_devices``:
+    each device on its shard of them); ``a_exp`` / ``b_exp`` exponents per element, or per block
+    of ``scale_block`` elements."""
+    def kernel(a, b, c, a_exp, b_exp):
+        return native.chains(a, b, fm.FORMATS[ins.atype], fm.FORMATS[ins.btype], m.replace(addend="first"), k=ins.k,
+                             chain_k=ins.k, lens=[ins.k], a_exp=a_exp, b_exp=b_exp, c=c,
+                             scale_block=scale_block)[..., 0, :, :]
+
     def dot(c, cfmt, acc):  # acc is "f32" here (_native_ok)
         last = m.addend == "last"
-        d = native.chains(a, b, fm.FORMATS[ins.atype], fm.FORMATS[ins.btype], m.replace(addend="first"), k=ins.k,
-                          chain_k=ins.k, lens=[ins.k], a_exp=a_exp, b_exp=b_exp, c=None if last else c,
-                          scale_block=scale_block)[..., 0, :, :]
+        args = (a, b, None if last else c, a_exp, b_exp)
+        d = sharding.over_batch(kernel, *args) if over_devices else kernel(*args)
         if last:
             d = engine._add(d, fm.F32, c, cfmt, m, out=engine.accumulator_format(m, acc), mode=m.addend_rounding)
         return d
@@ -155,7 +163,7 @@ def _native(ins: Mma, m: BlockFMA, a, b, c, a_exp=None, b_exp=None, scale_block=
     return _with_c_and_d(ins, m, c, dot)
 
 
-def _scaled(ins: Mma, m: BlockFMA, a, b, c, scale_a, scale_b, key):
+def _scaled(ins: Mma, m: BlockFMA, a, b, c, scale_a, scale_b, key, over_devices=False):
     """Block-scaled kinds: scale exponents added to the products (mxf8f6f4, ue8m0 scales) or
     grouped products (mxf4, mxf4nvf4); a NaN scale makes the outputs it touches NaN."""
     sa, sb = fm.decode_scale(scale_a, ins.stype), fm.decode_scale(scale_b, ins.stype)
@@ -165,7 +173,7 @@ def _scaled(ins: Mma, m: BlockFMA, a, b, c, scale_a, scale_b, key):
                                 blk, m)
     else:  # ue8m0: a power of two per block, added to the exponents of its elements
         if _native_ok(ins, m):
-            d = _native(ins, m, a, b, c, sa.exp, sb.exp, scale_block=blk)
+            d = _native(ins, m, a, b, c, sa.exp, sb.exp, scale_block=blk, over_devices=over_devices)
         else:
             a_exp, b_exp = jnp.repeat(sa.exp, blk, axis=-1), jnp.repeat(sb.exp, blk, axis=-2)
             prep = engine.prepare(a, fm.FORMATS[ins.atype], b, fm.FORMATS[ins.btype], m, a_exp=a_exp, b_exp=b_exp)
@@ -199,7 +207,8 @@ def chunk_terms() -> int:
     return 1 << 23 if jax.default_backend() == "cpu" else 1 << 29
 
 
-def mma_bits_batched(ins: Mma, a, b, c, model, *, arch="sm_90", key=None, scale_a=None, scale_b=None):
+def mma_bits_batched(ins: Mma, a, b, c, model, *, arch="sm_90", key=None, scale_a=None, scale_b=None,
+                     over_devices: bool = False):
     """:func:`mma_bits` over leading batch axes (already broadcast), in chunks of tiles run by a
     ``lax.scan``: the operands are decoded once outside the loop (the loop boundary keeps XLA
     from decoding them again for every product), intermediates stay cache-sized and memory stays
@@ -211,7 +220,8 @@ def mma_bits_batched(ins: Mma, a, b, c, model, *, arch="sm_90", key=None, scale_
     per = max(1, chunk_terms() // (ins.m * ins.n * ins.k))
     m = None if ins.family in ("int", "b1", "f64") else resolve_model(ins, model, arch)
     if T <= per or (m is not None and m.scale_group is None and _native_ok(ins, m)):  # the kernel takes any batch
-        return mma_bits(ins, a, b, c, model, arch=arch, key=key, scale_a=scale_a, scale_b=scale_b)
+        return mma_bits(ins, a, b, c, model, arch=arch, key=key, scale_a=scale_a, scale_b=scale_b,
+                        over_devices=over_devices)
     n = -(-T // per)
 
     def chunks(x):
