@@ -73,6 +73,7 @@ struct Params {
   int p;                    // fraction bits of the accumulator format (shift = 23 - p)
   bool subnormals, overflow_ieee, flush_c;  // flush_c: subnormal inputs (operands and C) read as 0
   Fmt fa, fb;
+  bool transposed;          // operands, C and D stored transposed (worker)
 };
 
 inline vi splat(int32_t x) { return (vi){} + x; }
@@ -762,9 +763,19 @@ struct DecodedA {
   }
 };
 
+// dst (cols, rows) = src (rows, cols) transposed
+template <typename T>
+void transpose(const T* src, int64_t rows, int64_t cols, T* dst) {
+  for (int64_t c = 0; c < cols; c++)
+    for (int64_t r = 0; r < rows; r++) dst[c * rows + r] = src[r * cols + c];
+}
+
 // Units [u_begin, u_end) of the batch's column strips (unit u: batch entry u / strips, strip
 // u % strips). Each strip of B is decoded once; A is shared (decoded before the threads: one
-// entry for the whole batch) or decoded once per entry a thread meets.
+// entry for the whole batch) or decoded once per entry a thread meets. P.transposed: every
+// operand is stored transposed (A as (K, M), B as (N, K), C and D as (N, M): native.chains' narrow
+// outputs, D^T = B^T A^T; no exponents); the thread reads each entry into row-major buffers of its
+// own and writes its strips of D back transposed.
 void worker(const Params& P, const Strides& S, const Operands& O, const DecodedA* shared, int64_t strips,
             uint32_t* out, int64_t u_begin, int64_t u_end) {
   const RoundingMode rounding(P.mode);
@@ -788,18 +799,35 @@ void worker(const Params& P, const Strides& S, const Operands& O, const DecodedA
   std::vector<float> bs(K * W), bs2(P.kind == kHybrid ? K * W : 0);
   std::vector<int32_t> es(K * W), es2(K * W);
   const uint32_t* decoded = nullptr;
+  const int64_t C = K / P.chain_k;
+  const bool tr = P.transposed;
+  std::vector<uint32_t> ta(tr ? M * K : 0), tb(tr ? K * N : 0), tc(tr && O.c ? M * N : 0), tout(tr ? C * M * N : 0);
+  const uint32_t *b_read = nullptr, *c_read = nullptr;  // the entries in tb and tc
   for (int64_t u = u_begin; u < u_end; u++) {
     const int64_t bt = u / strips, n0 = (u % strips) * W;
-    const uint32_t* a = O.a + S.at(S.a, bt, M * K);
-    if (!shared && a != decoded) {
-      own.decode(P, a, O.a_exp ? O.a_exp + S.at(S.a, bt, M * KE) : nullptr);
-      decoded = a;
+    const uint32_t* a_src = O.a + S.at(S.a, bt, M * K);
+    const uint32_t* a = tr ? ta.data() : a_src;
+    if (!shared && a_src != decoded) {
+      const int32_t* ae = O.a_exp ? O.a_exp + S.at(S.a, bt, M * KE) : nullptr;
+      if (tr) transpose(a_src, K, M, ta.data());
+      own.decode(P, a, ae);
+      decoded = a_src;
     }
     const uint32_t* b = O.b + S.at(S.b, bt, K * N);
+    const int32_t* be = O.b_exp ? O.b_exp + S.at(S.b, bt, KE * N) : nullptr;
+    const uint32_t* c = O.c ? O.c + S.at(S.c, bt, M * N) : nullptr;
+    if (tr && b != b_read) {
+      transpose(b, N, K, tb.data());
+      b_read = b;
+    }
+    if (tr && c && c != c_read) {
+      transpose(c, N, M, tc.data());
+      c_read = c;
+    }
+    if (tr) b = tb.data(), c = c ? tc.data() : nullptr;
     vi inexact = splat(0);
     for (int64_t k = 0; k < K; k++) {
-      vi add = O.b_exp ? (vi)load_part(O.b_exp + S.at(S.b, bt, KE * N) + (P.sblock ? k / P.sblock : k) * N + n0, N - n0)
-                       : splat(0);
+      vi add = be ? (vi)load_part(be + (P.sblock ? k / P.sblock : k) * N + n0, N - n0) : splat(0);
       vf v, sg;
       vi e;
       inexact |= decode(load_part(b + k * N + n0, N - n0), P.fb, P.flush_c, add, v, sg, e);
@@ -809,10 +837,10 @@ void worker(const Params& P, const Strides& S, const Operands& O, const DecodedA
       const vi e2 = pack16(e, e);
       std::memcpy(&es2[k * W], &e2, sizeof e2);
     }
+    uint32_t* o = out + bt * C * M * N;
     const Entry X{A.v.data(), A.sg.empty() ? nullptr : A.sg.data(), A.e.data(), A.e2.data(), a, bs.data(),
-                  bs2.empty() ? nullptr : bs2.data(), es.data(), es2.data(), b,
-                  O.c ? O.c + S.at(S.c, bt, M * N) : nullptr, O.lens + S.at(S.lens, bt, K / P.chain_k),
-                  out + bt * (K / P.chain_k) * M * N};
+                  bs2.empty() ? nullptr : bs2.data(), es.data(), es2.data(), b, c,
+                  O.lens + S.at(S.lens, bt, C), tr ? tout.data() : o};
     if (P.kind == kHybrid && !(A.exact && !any(inexact))) {  // significands only
       Entry Xs = X;
       Xs.va = X.va2;
@@ -821,6 +849,10 @@ void worker(const Params& P, const Strides& S, const Operands& O, const DecodedA
     } else {
       for (int64_t m0 = 0; m0 < M; m0 += R) run(P, X, m0, n0, fast, wraps, slow);
     }
+    if (tr)  // this strip's columns of D, transposed
+      for (int64_t ch = 0; ch < C; ch++)
+        for (int64_t n = n0; n < N && n < n0 + W; n++)
+          for (int64_t m = 0; m < M; m++) o[(ch * N + n) * M + m] = tout[(ch * M + m) * N + n];
   }
 }
 
@@ -1112,17 +1144,21 @@ ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::F32> a, ffi::Buff
                   int64_t kind, int64_t ab_shift, int64_t zero_policy, int64_t zero_exp, int64_t has_min_exp,
                   int64_t min_exp, int64_t mode, int64_t p, int64_t subnormals, int64_t overflow_ieee,
                   int64_t flush_c, int64_t a_format, int64_t b_format, int64_t has_c, int64_t has_a_exp,
-                  int64_t has_b_exp, int64_t scale_block, int64_t threads) {
+                  int64_t has_b_exp, int64_t scale_block, int64_t threads, int64_t transposed) {
+  // transposed: A (..., K, M), B (..., N, K), C and D (..., N, M)
   auto ad = a.dimensions(), bd = b.dimensions();
-  if (ad.size() < 2 || bd.size() < 2 || ad[ad.size() - 1] != bd[bd.size() - 2])
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tcemu blockfma: A (..., M, K) and B (..., K, N) expected");
+  const size_t na = ad.size(), nb = bd.size();
+  if (na < 2 || nb < 2 || (transposed ? ad[na - 2] != bd[nb - 1] : ad[na - 1] != bd[nb - 2]))
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "tcemu blockfma: A (..., M, K) and B (..., K, N) expected (transposed: (..., K, M), (..., N, K))");
   if (out->element_count() == 0) return ffi::Error::Success();
   // formats packed as eb | fb << 8 | shift << 16 | has_inf << 24 | has_nan << 25
-  Params P{ad[ad.size() - 2], bd[bd.size() - 1], ad[ad.size() - 1], chain_k, block, F, group, (int)kind,
+  Params P{transposed ? ad[na - 1] : ad[na - 2], transposed ? bd[nb - 2] : bd[nb - 1],
+           transposed ? ad[na - 2] : ad[na - 1], chain_k, block, F, group, (int)kind,
            scale_block > 0 ? scale_block : 0, (int32_t)ab_shift,
            zero_policy != 0, (int32_t)zero_exp, has_min_exp != 0, (int32_t)min_exp, (int)mode,
            (int)p, subnormals != 0, overflow_ieee != 0, flush_c != 0, unpack_format(a_format),
-           unpack_format(b_format)};
+           unpack_format(b_format), transposed != 0};
   if (P.M < 1 || P.N < 1 || P.chain_k <= 0 || P.K % P.chain_k || P.block <= 0 || P.chain_k % P.block ||
       P.group <= 0 || P.F > 29 || (P.kind != kSafe && P.kind != kHybrid))
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
@@ -1133,7 +1169,7 @@ ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::F32> a, ffi::Buff
                   batch_stride(b.element_count(), KN, batch), batch_stride(c.element_count(), MN, batch)};
   const bool has_ae = has_a_exp != 0, has_be = has_b_exp != 0;
   const int64_t per = scale_block > 0 ? scale_block : 1;  // elements per exponent
-  if (S.lens < 0 || S.a < 0 || S.b < 0 || (has_c != 0 && S.c < 0) || P.K % per ||
+  if (S.lens < 0 || S.a < 0 || S.b < 0 || (has_c != 0 && S.c < 0) || P.K % per || (P.transposed && (has_ae || has_be)) ||
       (has_ae && a_exp.element_count() * per != a.element_count()) ||
       (has_be && b_exp.element_count() * per != b.element_count()))
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
@@ -1149,7 +1185,7 @@ ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::F32> a, ffi::Buff
   uint32_t* o = reinterpret_cast<uint32_t*>(out->typed_data());
   // one entry of A for the whole batch (a GEMM): decoded once, read by every thread
   DecodedA shared;
-  const bool share = S.a == batch && T > 1;
+  const bool share = S.a == batch && T > 1 && !P.transposed;
   if (share) {
     const RoundingMode rounding(P.mode);
     shared.size(P);
@@ -1170,7 +1206,7 @@ ffi::Error Chains(ffi::Buffer<ffi::S32> lens, ffi::Buffer<ffi::F32> a, ffi::Buff
 
 }  // namespace
 
-// output columns per vector: native.chains lays out narrow outputs (N < W) transposed
+// output columns per vector: native.chains runs narrow outputs (N < W) transposed
 extern "C" int tcemu_lanes() { return W; }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tcemu_blockfma_chains, Chains,

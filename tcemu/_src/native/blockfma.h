@@ -97,7 +97,8 @@ inline int64_t batch_stride(size_t count, int64_t per, int64_t batch) {
       .Attr<int64_t>("has_min_exp").Attr<int64_t>("min_exp").Attr<int64_t>("mode").Attr<int64_t>("p")      \
       .Attr<int64_t>("subnormals").Attr<int64_t>("overflow_ieee").Attr<int64_t>("flush_c")                   \
       .Attr<int64_t>("a_format").Attr<int64_t>("b_format").Attr<int64_t>("has_c").Attr<int64_t>("has_a_exp") \
-      .Attr<int64_t>("has_b_exp").Attr<int64_t>("scale_block").Attr<int64_t>("threads")
+      .Attr<int64_t>("has_b_exp").Attr<int64_t>("scale_block").Attr<int64_t>("threads")           \
+      .Attr<int64_t>("transposed")
 
 // The attributes of tcemu_grouped_chains after its operands and result (both kernels bind them).
 #define TCEMU_GROUPED_ATTRS(binding)                                                                       \

@@ -606,7 +606,8 @@ ffi::Error Chains(cudaStream_t stream, ffi::Buffer<ffi::S32> lens,
                   int64_t zero_policy, int64_t zero_exp, int64_t has_min_exp, int64_t min_exp, int64_t mode,
                   int64_t p, int64_t subnormals, int64_t overflow_ieee, int64_t flush_c, int64_t a_format,
                   int64_t b_format, int64_t has_c, int64_t has_a_exp, int64_t has_b_exp, int64_t scale_block,
-                  int64_t threads) {
+                  int64_t threads, int64_t transposed) {
+  if (transposed) return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tcemu blockfma: transposed is CPU only");
   auto ad = a.dimensions(), bd = b.dimensions();
   if (ad.size() < 2 || bd.size() < 2 || ad[ad.size() - 1] != bd[bd.size() - 2])
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tcemu blockfma: A (..., M, K) and B (..., K, N) expected");
