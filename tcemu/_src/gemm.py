@@ -640,16 +640,15 @@ def batched_gemm_bits(a_bits, b_bits, cfg: GemmConfig, keys=None, scales=None):
 
 @functools.lru_cache(maxsize=64)
 def _partitioned(cfg: GemmConfig, scaled: bool):
-    """The batched GEMM as a custom-partitioned op: outputs sharded over (B, M, N) as the
-    operands' B, M (A) and N (B) axes are; K and the scale blocks replicated."""
-    from jax.experimental.custom_partitioning import custom_partitioning
+    """The batched GEMM as a custom-partitioned op (:func:`sharding.partitioned`): outputs sharded
+    over (B, M, N) as the operands' B, M (A) and N (B) axes are; K and the scale blocks replicated.
+    A vmap of it is one batch of batches."""
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    @jax.jit  # keeps the GEMM's constants inside its own jaxpr (custom_partitioning takes none)
     def local(a, b, *s):
         return _local_batch(a, b, cfg, None, s or None)
 
-    def axes(mesh, shapes):
+    def axes(shapes):
         """Mesh axes of (B, M, N): from the operands; a mesh axis that shards K (which each device
         needs whole) is moved to M, or else N, so that the devices still split the work."""
         sa, sb = (tuple(x.sharding.spec) + (None,) * 3 for x in shapes[:2])
@@ -664,25 +663,15 @@ def _partitioned(cfg: GemmConfig, scaled: bool):
                 n = k
         return bat, m, n
 
-    def shardings(mesh, bat, m, n):
+    def shardings(mesh, arg_shapes):
+        bat, m, n = axes(arg_shapes)
         args = [NamedSharding(mesh, P(bat, m, None)), NamedSharding(mesh, P(bat, None, n))]
         if scaled:
             args += [NamedSharding(mesh, P(bat, m, None)), NamedSharding(mesh, P(bat, None, n))]
         return NamedSharding(mesh, P(bat, m, n)), tuple(args)
 
-    def infer(mesh, arg_shapes, result_shape):
-        return shardings(mesh, *axes(mesh, arg_shapes))[0]
-
-    def partition(mesh, arg_shapes, result_shape):
-        out, args = shardings(mesh, *axes(mesh, arg_shapes))
-        return mesh, local, out, args
-
-    f = custom_partitioning(local)
     rule = "b m k, b k n" + (", b m s, b s n" if scaled else "") + " -> b m n"
-    f.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
-                    need_replication_factors=("k",) + (("s",) if scaled else ()))
-
-    return sharding.fold_vmap(f)  # a vmap of the batched GEMM: one batch of batches
+    return sharding.partitioned(local, rule, ("k",) + (("s",) if scaled else ()), shardings)
 
 
 # ---------------------------------------------------------------------------------------------

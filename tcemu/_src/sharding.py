@@ -55,34 +55,40 @@ def over_batch(fn, *xs):
     return out.reshape(batch + out.shape[1:])
 
 
+def partitioned(local, rule: str, replicated, shardings):
+    """``local`` as a custom-partitioned op (under ``jax.vmap`` too, :func:`fold_vmap`): its
+    Shardy ``rule`` with the factors ``replicated`` kept whole on every device, and
+    ``shardings(mesh, arg_shapes)`` giving the (result, operands) shardings each device's call of
+    ``local`` takes. ``local`` is jitted here: custom_partitioning takes no constants."""
+    from jax.experimental.custom_partitioning import custom_partitioning
+
+    body = jax.jit(local)
+
+    def infer(mesh, arg_shapes, result_shape):
+        return shardings(mesh, arg_shapes)[0]
+
+    def partition(mesh, arg_shapes, result_shape):
+        out, args = shardings(mesh, arg_shapes)
+        return mesh, body, out, args
+
+    f = custom_partitioning(body)
+    f.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
+                    need_replication_factors=tuple(replicated))
+    return fold_vmap(f)
+
+
 def _partitioned(local, ranks, out_rank):
     """``local`` (operands of ``ranks``, a result of ``out_rank``, all with a leading batch axis) as
     a custom-partitioned op: the batch axis sharded as the first operand that shards it is, every
     other axis replicated."""
-    from jax.experimental.custom_partitioning import custom_partitioning
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    body = jax.jit(local)  # keeps the kernel's constants inside its own jaxpr (custom_partitioning takes none)
-
-    def axis(arg_shapes):
-        for s in arg_shapes:
-            spec = tuple(s.sharding.spec)
-            if spec and spec[0] is not None:
-                return spec[0]
-        return None
-
-    def infer(mesh, arg_shapes, result_shape):
-        return NamedSharding(mesh, P(axis(arg_shapes)))
-
-    def partition(mesh, arg_shapes, result_shape):
-        ax = axis(arg_shapes)
-        return mesh, body, NamedSharding(mesh, P(ax)), tuple(NamedSharding(mesh, P(ax)) for _ in arg_shapes)
+    def shardings(mesh, arg_shapes):
+        specs = (tuple(s.sharding.spec) for s in arg_shapes)
+        ax = next((spec[0] for spec in specs if spec and spec[0] is not None), None)
+        return NamedSharding(mesh, P(ax)), tuple(NamedSharding(mesh, P(ax)) for _ in arg_shapes)
 
     names = lambda tag, n: " ".join(f"{tag}{j}" for j in range(n))  # noqa: E731
     rule = ", ".join(f"b {names(f'x{i}_', r - 1)}" for i, r in enumerate(ranks)) + f" -> b {names('y', out_rank - 1)}"
-    others = tuple(f"x{i}_{j}" for i, r in enumerate(ranks) for j in range(r - 1)) + tuple(
-        f"y{j}" for j in range(out_rank - 1))
-    f = custom_partitioning(body)
-    f.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
-                    need_replication_factors=others)
-    return fold_vmap(f)
+    others = [f"x{i}_{j}" for i, r in enumerate(ranks) for j in range(r - 1)] + [f"y{j}" for j in range(out_rank - 1)]
+    return partitioned(local, rule, others, shardings)

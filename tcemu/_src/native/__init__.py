@@ -296,6 +296,8 @@ def chains(a_bits, b_bits, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, model, *,
         a_exp = None if a_exp is None else a_exp[..., perm]
         b_exp = None if b_exp is None else b_exp[..., perm, :]
     (M, K), N = a_bits.shape[-2:], b_bits.shape[-1]
+    if narrow:  # the kernel reads the operands as stored (transposed), A and B in swapped roles
+        (a_bits, a_exp, afmt), (b_bits, b_exp, bfmt) = (b_bits, b_exp, bfmt), (a_bits, a_exp, afmt)
     absent = jnp.zeros((1,), jnp.int32)  # an operand not given (one element: XLA's partitioners handle no empty one)
     has = dict(has_c=int(c is not None), has_a_exp=int(a_exp is not None), has_b_exp=int(b_exp is not None))
     c = absent.astype(jnp.uint32) if c is None else jnp.asarray(c).astype(jnp.uint32)
@@ -320,17 +322,12 @@ def chains(a_bits, b_bits, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, model, *,
                  mode=_MODES[model.rounding], p=model.accumulator_fraction_bits,
                  subnormals=int(model.subnormal_outputs), overflow_ieee=int(model.overflow == "ieee"),
                  flush_c=int(not model.subnormal_inputs), a_format=_format(afmt), b_format=_format(bfmt), **has,
-                 scale_block=scale_block if scaled else 0, threads=_threads())
+                 scale_block=scale_block if scaled else 0, threads=_threads(), transposed=int(narrow))
     # the words travel typed float32: XLA cancels a bitcast from float32 and back (no copy)
     words = lambda x: jax.lax.bitcast_convert_type(x.astype(jnp.uint32), jnp.float32)  # noqa: E731
-    args = [jnp.asarray(lens, jnp.int32), words(full(a_bits, a_exp)), words(full(b_bits, b_exp)),
+    args = (jnp.asarray(lens, jnp.int32), words(full(a_bits, a_exp)), words(full(b_bits, b_exp)),
             full(None if a_exp is None else a_exp.astype(jnp.int32), a_bits),
-            full(None if b_exp is None else b_exp.astype(jnp.int32), b_bits), words(full(c))]
-    attrs["transposed"] = int(narrow)  # the kernel reads the operands as stored, A and B in swapped roles
-    if narrow:
-        args[1:5] = args[2], args[1], args[4], args[3]
-        attrs.update(a_format=attrs["b_format"], b_format=attrs["a_format"], has_a_exp=attrs["has_b_exp"],
-                     has_b_exp=attrs["has_a_exp"])
+            full(None if b_exp is None else b_exp.astype(jnp.int32), b_bits), words(full(c)))
     results = [jax.ShapeDtypeStruct(batch + (K // chain_k, M, N), jnp.float32)]
     if gpu:  # blockfma_gpu.cu decodes the operands into a second result (scratch)
         na, nb = (int(np.prod(x.shape[:-2], dtype=np.int64)) for x in args[1:3])

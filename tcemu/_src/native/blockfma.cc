@@ -690,9 +690,8 @@ Strip strip_for(int64_t block) {
          : strip<How, Wide, 0, Simple>;
 }
 
-// simple: the usual models, whose accumulator handling needs no masks (strip's Simple): a zero
-// accumulator's exponent -126, no flushed inputs, no minimum exponent, a binary32 accumulator, one
-// word that cannot wrap (never Wide)
+// simple: the usual models (usual_model) with one word that cannot wrap (never Wide), whose
+// accumulator handling needs no masks (strip's Simple)
 template <int How>
 Strip strip_for(int64_t block, bool wide, bool simple) {
   return wide ? strip_for<How, true, false>(block) : simple ? strip_for<How, false, true>(block)
@@ -788,7 +787,7 @@ void worker(const Params& P, const Strides& S, const Operands& O, const DecodedA
   const int64_t top = P.block * (int64_t(1) << (P.F + 2));
   const bool fast = kFastFinish && (P.p == 23 ? P.mode != 2 : P.mode == 0) && (wide || top <= (int64_t(1) << 31));
   const bool wraps = top + (int64_t(1) << (P.F + 1)) > (int64_t(1) << 31);
-  const bool simple = !wraps && P.zero_exp == -126 && !P.flush_c && !P.has_min_exp && P.p == 23;
+  const bool simple = !wraps && usual_model(P.zero_exp, P.flush_c, P.has_min_exp, P.p);
   const Strip run = P.kind == kSafe ? strip_for<kSafe>(P.block, wide, simple)
                                     : strip_for<kHybrid>(P.block, wide, simple);
   const Strip split = strip_for<kSplit>(P.block, wide, simple);  // kHybrid where a value is not exact

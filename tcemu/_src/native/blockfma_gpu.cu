@@ -694,7 +694,7 @@ ffi::Error Chains(cudaStream_t stream, ffi::Buffer<ffi::S32> lens,
   const bool small = P.M * P.N < 16384;  // tiles of 16 x 16 outputs, else TM x TN per thread
   dim3 tb(16, 16);
   const int tm = small ? 1 : TCEMU_TM, tn = small ? 1 : TCEMU_TN;
-  const bool simple = P.zero_exp == -126 && !P.flush_c && !P.has_min_exp && P.p == 23;
+  const bool simple = usual_model(P.zero_exp, P.flush_c, P.has_min_exp, P.p);
   KernelFn fn = pick(P.kind, sum, P.block, small, simple);
   dim3 grid((unsigned)((P.N + 16 * tn - 1) / (16 * tn)), (unsigned)((P.M + 16 * tm - 1) / (16 * tm)),
             (unsigned)std::min<int64_t>(batch, 65535));
