@@ -25,8 +25,8 @@
 namespace ffi = xla::ffi;
 
 // Outputs per thread (TM rows x TN columns), the blocks of 256 threads an SM should hold (the
-// register budget: 64 registers at 4) and the unrolling of the product loops: tuned on an H100
-// (benchmarks/RESULTS.md).
+// register budget: 48 registers at 5 for chains_kernel, 64 at 4 for grouped_kernel) and the
+// unrolling of the product loops: tuned on an H100 (benchmarks/RESULTS.md).
 #ifndef TCEMU_TM
 #define TCEMU_TM 4
 #endif
@@ -40,7 +40,10 @@ namespace ffi = xla::ffi;
 #define TCEMU_UNROLL 4
 #endif
 #ifndef TCEMU_MINB
-#define TCEMU_MINB 4
+#define TCEMU_MINB 5
+#endif
+#ifndef TCEMU_MINB_GROUPED
+#define TCEMU_MINB_GROUPED 4
 #endif
 
 namespace {
@@ -738,7 +741,7 @@ __device__ __noinline__ uint32_t gfinish(const Params& P, int64_t S, int32_t E, 
 // whole blocks: at most kGLmax products and kGTileGroups groups. Lc / Gc: the block and group length
 // (0: P.block, P.group).
 template <int TM, int TN, int Lc, int Gc>
-__global__ void __launch_bounds__(256, TCEMU_MINB) grouped_kernel(Params P, GPtrs X) {
+__global__ void __launch_bounds__(256, TCEMU_MINB_GROUPED) grouped_kernel(Params P, GPtrs X) {
   constexpr int BM = 16 * TM, BN = 16 * TN;
   __shared__ __align__(16) float s_va[kGLmax][BM];
   __shared__ __align__(16) float s_vb[kGLmax][BN];
