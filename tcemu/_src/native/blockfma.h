@@ -73,15 +73,15 @@ TCEMU_HD TCEMU_NOINLINE inline uint32_t special_value(const uint32_t* arow, cons
   return neg ? 0xFF800000u : 0x7F800000u;
 }
 
-// Batch entries per entry of a buffer of `count` elements, `per` elements per entry: -1 when its
-// entries do not divide the batch. An operand's batch axes are leading axes of the output's
-// (jax.vmap prepends its axes to every operand): entry bt reads the operand's entry bt / div.
 // The usual models, which both kernels run without masks (their Simple instantiations): a zero
 // accumulator's exponent -126, no flushed inputs, no minimum exponent, a binary32 accumulator.
 inline bool usual_model(int64_t zero_exp, bool flush_c, bool has_min_exp, int64_t p) {
   return zero_exp == -126 && !flush_c && !has_min_exp && p == 23;
 }
 
+// Batch entries per entry of a buffer of `count` elements, `per` elements per entry: -1 when its
+// entries do not divide the batch. An operand's batch axes are leading axes of the output's
+// (jax.vmap prepends its axes to every operand): entry bt reads the operand's entry bt / div.
 inline int64_t batch_stride(size_t count, int64_t per, int64_t batch) {
   const int64_t n = (int64_t)count / per;
   return (int64_t)count % per || n < 1 || batch % n ? -1 : batch / n;

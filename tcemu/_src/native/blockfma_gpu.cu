@@ -458,8 +458,8 @@ __global__ void __launch_bounds__(256, TCEMU_MINB)
           };
           // The fast finish's result: the block's sum with the accumulator's term (T, updated) converted
           // in the model's direction (its fraction bits beyond the accumulator's cleared), times 2**(E -
-          // F) read off the scale. Where F - 126 <= E <= F + 96 (the scale's exponent field within
-          // [31, 253]) and the sum did not wrap, this is exact: a normal number (|s| <= 2**31) or +0.
+          // F) read off the scale. Where F - 126 <= E <= F + 96 and the sum did not wrap, this is exact:
+          // a normal number (|s| <= 2**31) or +0.
           auto result = [&](auto to_f32, auto to_f64, const Total& s, float sc) {
             const float r = Sum == kGroups ? to_f64((long long)s) : to_f32((int32_t)s);
             const float rk = Simple ? r : __int_as_float(__float_as_int(r) & keep);
@@ -492,7 +492,7 @@ __global__ void __launch_bounds__(256, TCEMU_MINB)
 #pragma unroll
             for (int i = 0; i < TM; i++)
 #pragma unroll
-              for (int j = 0; j < TN; j++) scale[i][j] = __int_as_float((F + 127 - E[i][j]) << 23);
+              for (int j = 0; j < TN; j++) scale[i][j] = pow2f(F + 127 - E[i][j]);
             Total T[TM][TN];
             value_sums(T);
             bool wrapped = false;
@@ -546,7 +546,7 @@ __global__ void __launch_bounds__(256, TCEMU_MINB)
 #pragma unroll
               for (int j = 0; j < TN; j++) {
                 Total s = T[i][j];
-                const bool bad = add_acc(i, j, s) || !fast || (uint32_t)((__float_as_int(scale[i][j]) >> 23) - 31) > 222u;
+                const bool bad = add_acc(i, j, s) || !fast || (uint32_t)(E[i][j] - (F - 126)) > 222u;
                 const uint32_t r = result(to_f32, to_f64, s, scale[i][j]);
                 badmask |= (uint32_t)bad << (i * TN + j);
                 acc[i][j] = bad ? acc[i][j] : r;
