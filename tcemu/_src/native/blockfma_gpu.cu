@@ -388,7 +388,7 @@ __global__ void __launch_bounds__(256, TCEMU_MINB)
           for (int i = 0; i < TM; i++)
 #pragma unroll
             for (int j = 0; j < TN; j++)
-              E[i][j] = Simple ? max((int32_t)((acc[i][j] >> 23) & 255), 1) - 127
+              E[i][j] = Simple ? max((int32_t)((acc[i][j] >> 23) & 255) - 127, -126)
                                : acc_exponent(acc[i][j], flush_c, zero_exp);
           TCEMU_PRAGMA(unroll TCEMU_UNROLL)
           for (int kk = kb; kk < kb + L; kk++) {
@@ -424,27 +424,19 @@ __global__ void __launch_bounds__(256, TCEMU_MINB)
                 for (int j = 0; j < TN; j++) S[i][j] += __float2int_rz(__fmul_rn(__fmul_rn(b[j], a[i]), scale[i][j]));
             }
           };
-          // the block's terms from exact values: int32 sums, of P.group terms for kGroups
+          // T += the block's terms from exact values: in int32, or in int32 sums of P.group terms for kGroups
           auto value_sums = [&](Total (&T)[TM][TN]) {
-            int32_t S[TM][TN];
-#pragma unroll
-            for (int i = 0; i < TM; i++)
-#pragma unroll
-              for (int j = 0; j < TN; j++) T[i][j] = S[i][j] = 0;
-            if (Sum == kGroups) {
+            if constexpr (Sum == kGroups) {
               for (int g = kb; g < kb + L; g += G) {
+                int32_t S[TM][TN] = {};
                 terms(g, min(g + G, kb + L), S);
 #pragma unroll
                 for (int i = 0; i < TM; i++)
 #pragma unroll
-                  for (int j = 0; j < TN; j++) T[i][j] += S[i][j], S[i][j] = 0;
+                  for (int j = 0; j < TN; j++) T[i][j] += S[i][j];
               }
             } else {
-              terms(kb, kb + L, S);
-#pragma unroll
-              for (int i = 0; i < TM; i++)
-#pragma unroll
-                for (int j = 0; j < TN; j++) T[i][j] = S[i][j];
+              terms(kb, kb + L, T);
             }
           };
           // the model's int-to-float conversion (one switch per block) of an int32 (f32) or int64 (f64)
@@ -482,7 +474,8 @@ __global__ void __launch_bounds__(256, TCEMU_MINB)
           };
           // The hot path, for blocks where the fast finish holds for every output of the thread (and
           // kHybrid reads exact values, F - 125 <= E): unclamped scales; the results are kept unless a
-          // sum wrapped.
+          // sum wrapped. Sums that cannot wrap start from the accumulator's term, so that the
+          // accumulators are not live (registers) while the products are summed.
           int32_t lo = E[0][0], hi = E[0][0];
 #pragma unroll
           for (int i = 0; i < TM; i++)
@@ -493,13 +486,21 @@ __global__ void __launch_bounds__(256, TCEMU_MINB)
             for (int i = 0; i < TM; i++)
 #pragma unroll
               for (int j = 0; j < TN; j++) scale[i][j] = pow2f(F + 127 - E[i][j]);
-            Total T[TM][TN];
-            value_sums(T);
+            Total T[TM][TN] = {};
             bool wrapped = false;
+            if (Sum != kWrap) {
 #pragma unroll
-            for (int i = 0; i < TM; i++)
+              for (int i = 0; i < TM; i++)
 #pragma unroll
-              for (int j = 0; j < TN; j++) wrapped |= add_acc(i, j, T[i][j]);
+                for (int j = 0; j < TN; j++) add_acc(i, j, T[i][j]);
+            }
+            value_sums(T);
+            if (Sum == kWrap) {
+#pragma unroll
+              for (int i = 0; i < TM; i++)
+#pragma unroll
+                for (int j = 0; j < TN; j++) wrapped |= add_acc(i, j, T[i][j]);
+            }
             if (!wrapped) {
               by_mode([&](auto to_f32, auto to_f64) {
 #pragma unroll
@@ -517,7 +518,7 @@ __global__ void __launch_bounds__(256, TCEMU_MINB)
           for (int i = 0; i < TM; i++)
 #pragma unroll
             for (int j = 0; j < TN; j++) scale[i][j] = pow2f(clampi(F + 127 - E[i][j], 1, 254));
-          Total T[TM][TN];
+          Total T[TM][TN] = {};
           bool values = How == kSafe;
           if (How == kHybrid && !split_all) {  // every term exact in float32: F - 125 <= E <= 126
             values = true;
