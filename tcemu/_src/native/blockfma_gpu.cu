@@ -472,6 +472,15 @@ __global__ void __launch_bounds__(256, TCEMU_MINB)
             t = s;
             return wrap;
           };
+          // add_acc for every output of the thread; returns whether some int32 sum wrapped
+          auto add_accs = [&](Total (&T)[TM][TN]) {
+            bool wrapped = false;
+#pragma unroll
+            for (int i = 0; i < TM; i++)
+#pragma unroll
+              for (int j = 0; j < TN; j++) wrapped |= add_acc(i, j, T[i][j]);
+            return wrapped;
+          };
           // The hot path, for blocks where the fast finish holds for every output of the thread (and
           // kHybrid reads exact values, F - 125 <= E): unclamped scales; the results are kept unless a
           // sum wrapped. Sums that cannot wrap start from the accumulator's term, so that the
@@ -487,21 +496,9 @@ __global__ void __launch_bounds__(256, TCEMU_MINB)
 #pragma unroll
               for (int j = 0; j < TN; j++) scale[i][j] = pow2f(F + 127 - E[i][j]);
             Total T[TM][TN] = {};
-            bool wrapped = false;
-            if (Sum != kWrap) {
-#pragma unroll
-              for (int i = 0; i < TM; i++)
-#pragma unroll
-                for (int j = 0; j < TN; j++) add_acc(i, j, T[i][j]);
-            }
+            if (Sum != kWrap) add_accs(T);  // cannot wrap
             value_sums(T);
-            if (Sum == kWrap) {
-#pragma unroll
-              for (int i = 0; i < TM; i++)
-#pragma unroll
-                for (int j = 0; j < TN; j++) wrapped |= add_acc(i, j, T[i][j]);
-            }
-            if (!wrapped) {
+            if (!(Sum == kWrap && add_accs(T))) {
               by_mode([&](auto to_f32, auto to_f64) {
 #pragma unroll
                 for (int i = 0; i < TM; i++)
