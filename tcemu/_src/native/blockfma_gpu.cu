@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 
 #include "blockfma.h"
@@ -25,8 +26,9 @@
 namespace ffi = xla::ffi;
 
 // Outputs per thread (TM rows x TN columns), the blocks of 256 threads an SM should hold (the
-// register budget: 48 registers at 5 for chains_kernel, 64 at 4 for grouped_kernel) and the
-// unrolling of the product loops: tuned on an H100 (benchmarks/RESULTS.md).
+// register budget: 48 registers at 5 for chains_kernel with blocks of up to 16 products, 64 at 4 for
+// longer blocks and for grouped_kernel), the unrolling of the product loops and the rows of a stage
+// of chains_kernel's shared tiles: tuned on an H100 (benchmarks/RESULTS.md).
 #ifndef TCEMU_TM
 #define TCEMU_TM 4
 #endif
@@ -44,6 +46,9 @@ namespace ffi = xla::ffi;
 #endif
 #ifndef TCEMU_MINB_GROUPED
 #define TCEMU_MINB_GROUPED 4
+#endif
+#ifndef TCEMU_STAGE
+#define TCEMU_STAGE 16
 #endif
 
 namespace {
@@ -274,16 +279,20 @@ __device__ __forceinline__ Part<W> part(const T* src, T (*dst)[W], int32_t fill)
 }
 
 // rows x W words of every part from row r0 (columns from x0) into their shared tiles, in 16-byte
-// pieces, the parts in one loop.
-template <int W, typename... Parts>
+// pieces, the parts in one loop. Async: the pieces inside the array as asynchronous copies
+// (cp.async from sm_80; the caller commits and waits for them), the fill stored at once.
+template <int W, bool Async = false, typename... Parts>
 __device__ __forceinline__ void copy_rows(int64_t Xp, int64_t x0, int64_t r0, int rows, int tid, Parts... parts) {
   for (int q = tid; q < rows * (W / 4); q += 256) {
     const int r = q / (W / 4), c = 4 * (q % (W / 4));
     const bool in = x0 + c < Xp;
     const int64_t o = (r0 + r) * Xp + c;
     auto copy = [&](const Part<W>& p) {
-      *reinterpret_cast<int4*>(&p.dst[r][c]) =
-          in ? __ldg(reinterpret_cast<const int4*>(p.src + o)) : int4{p.fill, p.fill, p.fill, p.fill};
+      int4* d = reinterpret_cast<int4*>(&p.dst[r][c]);
+      if (Async && in)
+        __pipeline_memcpy_async(d, p.src + o, 16);
+      else
+        *d = in ? __ldg(reinterpret_cast<const int4*>(p.src + o)) : int4{p.fill, p.fill, p.fill, p.fill};
     };
     (copy(parts), ...);
   }
@@ -324,28 +333,35 @@ __device__ __forceinline__ void store_tile(uint32_t* out, const uint32_t (&acc)[
 // sums of P.group terms (at most 2**31 / 2**(F + 2)) added in int64.
 enum Sums { kOne = 0, kWrap = 1, kGroups = 2 };
 
+// The rows of products in each of chains_kernel's two stages of shared tiles (the threads compute on
+// one while the next is copied into the other): TCEMU_STAGE for blocks of up to that many products
+// (16: 24 KiB with 4 x 2 outputs per thread, so that TCEMU_MINB blocks of threads fit an SM), else
+// kLmax (48 KiB: 4 blocks).
+__host__ __device__ constexpr int stage_rows(int Lc) { return Lc && Lc <= TCEMU_STAGE ? TCEMU_STAGE : kLmax; }
+
 // One block of 16 x 16 threads: output rows [bm0, bm0 + 16 TM) and columns [bn0, bn0 + 16 TN) of
 // every batch entry from blockIdx.z, every chain; thread (x, y) owns rows bm0 + y TM .. and columns
-// bn0 + x TN ... The threads copy the decoded rows of up to kLmax products (whole blocks of L) of
-// their tile to shared memory at a time. Per output the registers hold the accumulator, the scale
-// 2**(F - E) (E - F and the range checks follow from its exponent field) and the block's sum.
+// bn0 + x TN ... The threads copy the decoded rows of up to stage_rows(Lc) products (whole blocks of
+// L) of their tile to shared memory at a time, the next ones while they compute. Per output the
+// registers hold the accumulator, the scale 2**(F - E) (E - F and the range checks follow from its
+// exponent field) and the block's sum.
 // Lc: the block length (0: P.block, at most kLmax); How: Kind; Sum: Sums; Simple: the usual models
 // (a zero accumulator's exponent -126, so every accumulator's is max(e, -126), and zero products
 // never raise E; no flushed accumulator; no minimum exponent; a binary32 accumulator).
 template <int TM, int TN, int Lc, int How, int Sum, bool Simple>
-__global__ void __launch_bounds__(256, TCEMU_MINB)
+__global__ void __launch_bounds__(256, stage_rows(Lc) < kLmax ? TCEMU_MINB : 4)
     chains_kernel(Params P, Ptrs X) {
   typedef typename std::conditional<Sum == kGroups, long long, int32_t>::type Total;
-  constexpr int BM = 16 * TM, BN = 16 * TN;
-  __shared__ __align__(16) float s_va[kLmax][BM];
-  __shared__ __align__(16) int32_t s_ea[kLmax][BM];
-  __shared__ __align__(16) float s_vb[kLmax][BN];
-  __shared__ __align__(16) int32_t s_eb[kLmax][BN];
+  constexpr int BM = 16 * TM, BN = 16 * TN, S = stage_rows(Lc);
+  __shared__ __align__(16) float s_va[2 * S][BM];  // stage s: rows s S ..
+  __shared__ __align__(16) int32_t s_ea[2 * S][BM];
+  __shared__ __align__(16) float s_vb[2 * S][BN];
+  __shared__ __align__(16) int32_t s_eb[2 * S][BN];
   const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * 16 + tx;
   const int64_t bm0 = (int64_t)blockIdx.y * BM, bn0 = (int64_t)blockIdx.x * BN;
   const int64_t m0 = bm0 + ty * TM, n0 = bn0 + tx * TN;
   const int64_t K = P.K, M = P.M, N = P.N, Mp = P.Mp, Np = P.Np;
-  const int L = Lc ? Lc : (int)P.block, KT = kLmax / L * L, G = (int)P.group;
+  const int L = Lc ? Lc : (int)P.block, KT = S / L * L, G = (int)P.group;
   const int F = (int)P.F;
   const int32_t keep = ~((1 << (23 - P.p)) - 1);
   const bool fast = (P.p == 23 ? P.mode != 2 : P.mode == 0) && L * (int64_t(1) << (F + 2)) <= (int64_t(1) << 40);
@@ -365,6 +381,14 @@ __global__ void __launch_bounds__(256, TCEMU_MINB)
     const int32_t* lens = X.lens + (bt / P.div_lens) * (K / P.chain_k);
     const uint32_t* cbits = P.has_c ? X.c + (bt / P.div_c) * M * N : nullptr;
     const bool split_all = How == kHybrid && *X.inexact != 0;
+    // the rows of products t0 .. (whole blocks, at most KT, up to the chain's end) into stage st
+    auto fetch = [&](int64_t t0, int64_t end, int st) {
+      const int rows = (int)min((int64_t)KT, (end - t0 + L - 1) / L * L);
+      const int r = st * S;
+      copy_rows<BM, true>(Mp, bm0, t0, rows, tid, part(va, s_va + r, 0), part(ea, s_ea + r, kZeroSentinel));
+      copy_rows<BN, true>(Np, bn0, t0, rows, tid, part(vb, s_vb + r, 0), part(eb, s_eb + r, kZeroSentinel));
+      __pipeline_commit();
+    };
     for (int64_t c0 = 0; c0 < K; c0 += P.chain_k) {
       uint32_t acc[TM][TN];
 #pragma unroll
@@ -375,14 +399,15 @@ __global__ void __launch_bounds__(256, TCEMU_MINB)
           acc[i][j] = (cbits && m < M && n < N) ? cbits[m * N + n] : 0u;
         }
       const int64_t end = c0 + lens[c0 / P.chain_k];
-      for (int64_t t0 = c0; t0 < end; t0 += KT) {
+      // the tile of rows t0 .. in stage st (shared rows st S ..): the next tile's copy started, its blocks
+      auto tile = [&](auto st, int64_t t0) {
+        constexpr int r0 = decltype(st)::value * S;
         const int rows = (int)min((int64_t)KT, (end - t0 + L - 1) / L * L);  // whole blocks
-        __syncthreads();  // the previous tile is read
-        copy_rows<BM>(Mp, bm0, t0, rows, tid, part(va, s_va, 0), part(ea, s_ea, kZeroSentinel));
-        copy_rows<BN>(Np, bn0, t0, rows, tid, part(vb, s_vb, 0), part(eb, s_eb, kZeroSentinel));
-        __syncthreads();
-        for (int kb = 0; kb < rows; kb += L) {  // the blocks of products k0 .. k0 + L: tile rows kb ..
-          const int64_t k0 = t0 + kb;
+        __pipeline_wait_prior(0);
+        __syncthreads();  // the tile is copied; the other stage is read (the previous tile)
+        if (t0 + KT < end) fetch(t0 + KT, end, 1 - decltype(st)::value);
+        for (int kb = r0; kb < r0 + rows; kb += L) {  // the blocks of products k0 .. k0 + L: rows kb ..
+          const int64_t k0 = t0 + kb - r0;
           int32_t E[TM][TN];  // the alignment exponents
 #pragma unroll
           for (int i = 0; i < TM; i++)
@@ -563,6 +588,14 @@ __global__ void __launch_bounds__(256, TCEMU_MINB)
               }
           }
         }
+      };
+      if (c0 < end) {
+        __syncthreads();  // both stages are read (the previous chain)
+        fetch(c0, end, 0);
+      }
+      for (int64_t t0 = c0; t0 < end; t0 += 2 * KT) {
+        tile(std::integral_constant<int, 0>(), t0);
+        if (t0 + KT < end) tile(std::integral_constant<int, 1>(), t0 + KT);
       }
       store_tile<TM, TN>(X.out + (bt * (K / P.chain_k) + c0 / P.chain_k) * M * N, acc, m0, n0, M, N);
     }
