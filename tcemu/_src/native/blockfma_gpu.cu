@@ -381,9 +381,11 @@ __global__ void __launch_bounds__(256, stage_rows(Lc) < kLmax ? TCEMU_MINB : 4)
     const int32_t* lens = X.lens + (bt / P.div_lens) * (K / P.chain_k);
     const uint32_t* cbits = P.has_c ? X.c + (bt / P.div_c) * M * N : nullptr;
     const bool split_all = How == kHybrid && *X.inexact != 0;
-    // the rows of products t0 .. (whole blocks, at most KT, up to the chain's end) into stage st
+    // the rows of the tile from product t0 of a chain ending at `end`: whole blocks, at most KT
+    auto tile_rows = [&](int64_t t0, int64_t end) { return (int)min((int64_t)KT, (end - t0 + L - 1) / L * L); };
+    // the tile's rows into stage st
     auto fetch = [&](int64_t t0, int64_t end, int st) {
-      const int rows = (int)min((int64_t)KT, (end - t0 + L - 1) / L * L);
+      const int rows = tile_rows(t0, end);
       const int r = st * S;
       copy_rows<BM, true>(Mp, bm0, t0, rows, tid, part(va, s_va + r, 0), part(ea, s_ea + r, kZeroSentinel));
       copy_rows<BN, true>(Np, bn0, t0, rows, tid, part(vb, s_vb + r, 0), part(eb, s_eb + r, kZeroSentinel));
@@ -399,10 +401,11 @@ __global__ void __launch_bounds__(256, stage_rows(Lc) < kLmax ? TCEMU_MINB : 4)
           acc[i][j] = (cbits && m < M && n < N) ? cbits[m * N + n] : 0u;
         }
       const int64_t end = c0 + lens[c0 / P.chain_k];
-      // the tile of rows t0 .. in stage st (shared rows st S ..): the next tile's copy started, its blocks
+      // the tile of rows t0 .. in stage st (shared rows st S ..): the next tile's copy into the other
+      // stage started, then this tile's blocks
       auto tile = [&](auto st, int64_t t0) {
         constexpr int r0 = decltype(st)::value * S;
-        const int rows = (int)min((int64_t)KT, (end - t0 + L - 1) / L * L);  // whole blocks
+        const int rows = tile_rows(t0, end);
         __pipeline_wait_prior(0);
         __syncthreads();  // the tile is copied; the other stage is read (the previous tile)
         if (t0 + KT < end) fetch(t0 + KT, end, 1 - decltype(st)::value);
