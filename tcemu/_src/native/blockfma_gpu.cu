@@ -338,6 +338,7 @@ enum Sums { kOne = 0, kWrap = 1, kGroups = 2 };
 // (16: 24 KiB with 4 x 2 outputs per thread, so that TCEMU_MINB blocks of threads fit an SM), else
 // kLmax (48 KiB: 4 blocks).
 __host__ __device__ constexpr int stage_rows(int Lc) { return Lc && Lc <= TCEMU_STAGE ? TCEMU_STAGE : kLmax; }
+static_assert(TCEMU_STAGE >= 1 && TCEMU_STAGE <= kLmax, "TCEMU_STAGE: 1 to kLmax rows");
 
 // One block of 16 x 16 threads: output rows [bm0, bm0 + 16 TM) and columns [bn0, bn0 + 16 TN) of
 // every batch entry from blockIdx.z, every chain; thread (x, y) owns rows bm0 + y TM .. and columns
@@ -381,16 +382,6 @@ __global__ void __launch_bounds__(256, stage_rows(Lc) < kLmax ? TCEMU_MINB : 4)
     const int32_t* lens = X.lens + (bt / P.div_lens) * (K / P.chain_k);
     const uint32_t* cbits = P.has_c ? X.c + (bt / P.div_c) * M * N : nullptr;
     const bool split_all = How == kHybrid && *X.inexact != 0;
-    // the rows of the tile from product t0 of a chain ending at `end`: whole blocks, at most KT
-    auto tile_rows = [&](int64_t t0, int64_t end) { return (int)min((int64_t)KT, (end - t0 + L - 1) / L * L); };
-    // the tile's rows into stage st
-    auto fetch = [&](int64_t t0, int64_t end, int st) {
-      const int rows = tile_rows(t0, end);
-      const int r = st * S;
-      copy_rows<BM, true>(Mp, bm0, t0, rows, tid, part(va, s_va + r, 0), part(ea, s_ea + r, kZeroSentinel));
-      copy_rows<BN, true>(Np, bn0, t0, rows, tid, part(vb, s_vb + r, 0), part(eb, s_eb + r, kZeroSentinel));
-      __pipeline_commit();
-    };
     for (int64_t c0 = 0; c0 < K; c0 += P.chain_k) {
       uint32_t acc[TM][TN];
 #pragma unroll
@@ -401,14 +392,23 @@ __global__ void __launch_bounds__(256, stage_rows(Lc) < kLmax ? TCEMU_MINB : 4)
           acc[i][j] = (cbits && m < M && n < N) ? cbits[m * N + n] : 0u;
         }
       const int64_t end = c0 + lens[c0 / P.chain_k];
+      // the rows of the tile from product t0: whole blocks, at most KT, up to the chain's end
+      auto tile_rows = [&](int64_t t0) { return (int)min((int64_t)KT, (end - t0 + L - 1) / L * L); };
+      // the tile's rows into stage st
+      auto fetch = [&](int64_t t0, int st) {
+        const int rows = tile_rows(t0), r = st * S;
+        copy_rows<BM, true>(Mp, bm0, t0, rows, tid, part(va, s_va + r, 0), part(ea, s_ea + r, kZeroSentinel));
+        copy_rows<BN, true>(Np, bn0, t0, rows, tid, part(vb, s_vb + r, 0), part(eb, s_eb + r, kZeroSentinel));
+        __pipeline_commit();
+      };
       // the tile of rows t0 .. in stage st (shared rows st S ..): the next tile's copy into the other
       // stage started, then this tile's blocks
       auto tile = [&](auto st, int64_t t0) {
         constexpr int r0 = decltype(st)::value * S;
-        const int rows = tile_rows(t0, end);
+        const int rows = tile_rows(t0);
         __pipeline_wait_prior(0);
         __syncthreads();  // the tile is copied; the other stage is read (the previous tile)
-        if (t0 + KT < end) fetch(t0 + KT, end, 1 - decltype(st)::value);
+        if (t0 + KT < end) fetch(t0 + KT, 1 - decltype(st)::value);
         for (int kb = r0; kb < r0 + rows; kb += L) {  // the blocks of products k0 .. k0 + L: rows kb ..
           const int64_t k0 = t0 + kb - r0;
           int32_t E[TM][TN];  // the alignment exponents
@@ -594,7 +594,7 @@ __global__ void __launch_bounds__(256, stage_rows(Lc) < kLmax ? TCEMU_MINB : 4)
       };
       if (c0 < end) {
         __syncthreads();  // both stages are read (the previous chain)
-        fetch(c0, end, 0);
+        fetch(c0, 0);
       }
       for (int64_t t0 = c0; t0 < end; t0 += 2 * KT) {
         tile(std::integral_constant<int, 0>(), t0);
