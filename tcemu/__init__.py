@@ -9,16 +9,17 @@ GEMMs: ``tcemu.matmul``, ``tcemu.dot_general`` (a ``jax.lax.dot_general`` drop-i
 of an MMA), ``tcemu.error_vs_k`` (accumulation error as dot products grow).
 """
 from tcemu._src.api import mma, ptx, regfile
-from tcemu._src.gemm import GemmConfig, dot_general, einsum, matmul, quantize
+from tcemu._src import native  # noqa: F401 (registers the compiled kernels)
+from tcemu._src.gemm import GemmConfig, KSchedule, dot_general, einsum, matmul
 from tcemu._src.identify import NoMatch, identify
 from tcemu._src.library import library_config, library_versions
 from tcemu._src.arch import Arch
-from tcemu._src.blockscale import BlockQuantized, block_quantize
+from tcemu._src.quant.blocks import BlockQuantized, block_quantize
+from tcemu._src.quant.elements import quantize
 from tcemu._src.memory import get_matrix, memory, put_matrix
 from tcemu._src.numerics.model import BlockFMA
 from tcemu._src.numerics.presets import ArchNumerics, numerics
 from tcemu._src.probe import ProbeResult, probe
-from tcemu._src.schedule import KSchedule
 from tcemu._src.studies import ErrorCurve, error_vs_k
 
 __version__ = "0.1.0"

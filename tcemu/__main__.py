@@ -267,7 +267,8 @@ def parse_model(text: str):
 
 def probe(args):
     from tcemu._src.isa.parse import parse
-    from tcemu._src.numerics.mma import check_arch, resolve_model
+    from tcemu._src.isa.targets import check_arch
+    from tcemu._src.numerics.mma import resolve_model
     from tcemu._src.probe import expected, probe_instruction
 
     arch = resolve(args.arch)

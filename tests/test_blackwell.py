@@ -343,7 +343,7 @@ def _block_spelling(kind, a, b, st):
 
 @pytest.mark.parametrize("kind,at,bt,st", BLOCK_FORMS)
 def test_block_quantize_equals_recipe(kind, at, bt, st):
-    from tcemu._src.blockscale import block_quantize
+    from tcemu._src.quant.blocks import block_quantize
 
     rng = np.random.default_rng(6)
     x = (rng.standard_normal((8, 64)) * 2.0 ** rng.integers(-20, 20, (8, 1))).astype(np.float32)

@@ -79,7 +79,7 @@ def _mma_sync_mainloop(a, b, instruction):
     m, n, k = ins.m, ins.n, ins.k
     Mp, Np, Kp = -(-M // m) * m, -(-N // n) * n, -(-K // k) * k
     et = ins.atype
-    bits = lambda x: np.asarray(tcemu._src.gemm._bits(jnp.asarray(x), et))  # noqa: E731
+    bits = lambda x: np.asarray(tcemu._src.quant.elements.to_codes(jnp.asarray(x), et))  # noqa: E731
     A = np.zeros((Mp, Kp), np.uint32); A[:M, :K] = bits(a)
     B = np.zeros((Kp, Np), np.uint32); B[:K, :N] = bits(b)
     D = np.zeros((Mp, Np), np.uint32)

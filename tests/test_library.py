@@ -1,10 +1,10 @@
 """tcemu.identify and tcemu.library_config against real library GEMMs captured on an H100 and an
 H200 (torch.mm / torch.bmm / torch._scaled_mm through cuBLAS, jnp.dot through XLA;
-``experiments/hardware/library_gemm.py``). Inputs are regenerated from the captured seeds."""
+``experiments/hardware/library_gemm.py``). Inputs are regenerated from the captured seeds
+(``tcemu._src.captures``)."""
 from __future__ import annotations
 
 import json
-import sys
 
 import ml_dtypes
 import numpy as np
@@ -12,10 +12,7 @@ import pytest
 
 import tcemu
 from conftest import ROOT
-
-sys.path.insert(0, str(ROOT / "experiments" / "hardware"))
-import gemm_inputs as G  # noqa: E402
-import identify_captures as IC  # noqa: E402
+from tcemu._src import captures as C
 
 DATA = ROOT / "tests" / "data"
 CAPTURES = sorted(p for p in DATA.glob("library_gemm_h*_*.npz") if "heldout" not in p.name)  # the table's
@@ -25,7 +22,7 @@ HELD_OUT = sorted(DATA.glob("library_gemm_h*_*_heldout.npz"))  # other shapes, n
 def _cases(captures=CAPTURES):
     out = {}
     for path in captures:
-        z, meta = IC.load(path)
+        z, meta = C.load(path)
         z.close()
         gpu = "H200" if "H200" in meta["header"]["versions"]["gpu"] else "H100"
         for c in meta["cases"]:
@@ -49,11 +46,11 @@ def _find(gpu, lib, M, N, K, a, out, cases=CASES, **flags):
 def _captured(path, case):
     key = case["key"]
     with np.load(path) as z:
-        return z[f"{key}.rows"], z[f"{key}.cols"], z[f"{key}.d"].view(G.NUMPY[case["out"]])
+        return z[f"{key}.rows"], z[f"{key}.cols"], z[f"{key}.d"].view(C.NUMPY[case["out"]])
 
 
 def _bits(x):
-    return np.ascontiguousarray(x).view(G.OUT_STORAGE[{2: "f16", 4: "f32"}[x.dtype.itemsize]])
+    return np.ascontiguousarray(x).view(C.OUT_STORAGE[{2: "f16", 4: "f32"}[x.dtype.itemsize]])
 
 
 IDENTIFY = [  # one of each kind of schedule identify finds in the captures
@@ -77,7 +74,7 @@ def test_identify_reproduces_held_out_rows(gpu, lib, M, N, K, a, out, flags):
     except KeyError:
         path, case = _find(gpu, lib, M, N, K, a, out, cases=HELD_OUT_CASES, **flags)
     rows, cols, d = _captured(path, case)
-    A, _, bs = IC.crop_operands(case, rows, cols)
+    A, _, bs = C.crop_operands(case, rows, cols)
     cfg = tcemu.identify(A[:32], bs[0], d[:32], arch=gpu)
     got = np.asarray(tcemu.matmul(A[32:], bs[0], config=cfg)).astype(d.dtype)
     assert np.array_equal(_bits(got), _bits(d[32:])), cfg
@@ -98,7 +95,7 @@ LIBRARY_HINT = [
 def test_identify_with_the_library_reproduces_held_out_rows(gpu, lib, M, N, K, a, out, flags):
     path, case = _find(gpu, lib, M, N, K, a, out, cases=HELD_OUT_CASES, **flags)
     rows, cols, d = _captured(path, case)
-    A, _, bs = IC.crop_operands(case, rows, cols)
+    A, _, bs = C.crop_operands(case, rows, cols)
     cfg = tcemu.identify(A[:32], bs[0], d[:32], arch=gpu, library=lib)
     got = np.asarray(tcemu.matmul(A[32:], bs[0], config=cfg)).astype(d.dtype)
     assert np.array_equal(_bits(got), _bits(d[32:])), cfg
@@ -161,26 +158,30 @@ def test_library_config_reproduces_captures(row):
     cfg = tcemu.library_config(row["lib"], arch=row["arch"], M=row["M"], N=row["N"], K=row["K"], a=row["a"], b=row["b"],
                                out=row["out"], batch=row["batch"], **row["flags"])
     rows, cols, d = _captured(path, case)
-    got = IC.emulate(case, rows[:16], cols, cfg)  # 16 of the 64 captured rows (CI time)
+    got = _emulate(case, rows[:16], cols, cfg)  # 16 of the 64 captured rows (CI time)
     assert np.array_equal(_bits(got), _bits(d[:16])), (cfg, row["kernels"])
 
 
+def _emulate(case, rows, cols, cfg):
+    """The captured crop of a case as ``tcemu.matmul`` with ``cfg`` computes it."""
+    return C.evaluate(case, rows, cols, lambda a, b: tcemu.matmul(a, b, config=cfg))
+
+
 def _emulate_fast(case, rows, cols, cfg):
-    """``IC.emulate`` through identify's chain evaluator (equal to matmul:
+    """``_emulate`` through identify's chain evaluator (equal to matmul:
     test_chain_evaluator_equals_matmul), where the CPU kernel runs it: no compile per case."""
     from tcemu._src.identify import _Chains, _raw, _widened
 
     if not _Chains.usable(cfg):
-        return IC.emulate(case, rows, cols, cfg)
-    a, bt, bs = IC.crop_operands(case, rows, cols)
-    out = np.zeros((len(rows), len(cols)), G.NUMPY[case["out"]])
-    for x, b in bs.items():
-        sel = np.flatnonzero(bt == x)
-        ev = _Chains(tcemu.GemmConfig(arch=cfg.arch, instruction=cfg.instruction), _raw(_widened(a[sel], cfg.ins.atype)),
-                     _raw(_widened(b, cfg.ins.btype)))
+        return _emulate(case, rows, cols, cfg)
+    base = tcemu.GemmConfig(arch=cfg.arch, instruction=cfg.instruction)
+
+    def chains(a, b):
+        ev = _Chains(base, _raw(_widened(a, cfg.ins.atype)), _raw(_widened(b, cfg.ins.btype)))
         with np.errstate(over="ignore"):
-            out[sel] = ev(cfg.schedule, case["K"], np.arange(len(sel))).astype(out.dtype)
-    return out
+            return ev(cfg.schedule, case["K"], np.arange(len(a))).astype(C.NUMPY[case["out"]])
+
+    return C.evaluate(case, rows, cols, chains)
 
 
 def _reproduces(path, case, gpu, rows=None):
@@ -228,8 +229,7 @@ def test_xla_split_k_equals_the_captured_hlo():
              if c["flags"].get("xla_autotune", True) is False]
     assert len(cases) == 454
     for _, c in cases:
-        fields = IC.hinted(c)[0][1]
-        assert xla_split_k(c["M"], c["N"], c["K"], c["batch"], c["a"], c["b"], c["out"]) == fields.get("slices", 1), c
+        assert xla_split_k(c["M"], c["N"], c["K"], c["batch"], c["a"], c["b"], c["out"]) == (C.hlo_slices(c) or 1), c
 
 
 def test_chain_evaluator_equals_matmul():

@@ -19,6 +19,9 @@ import pytest
 import tcemu
 from tcemu._src import formats as fm
 from tcemu._src import gemm, native
+from tcemu._src.gemm.execute import kernel_of
+from tcemu._src.gemm.plan import scale_unit
+from tcemu._src.numerics.backends import _KERNELS
 from tcemu._src.arch import resolve
 from tcemu._src.numerics import mma as mma_numerics
 
@@ -89,7 +92,7 @@ def _tiled(a, b):
 def _check(monkeypatch, cfg, a, b, scales=None):
     """gemm_bits on the kernel against gemm_bits on the engine: same bits, same format."""
     monkeypatch.setenv("TCEMU_NATIVE", "1")
-    assert gemm._native_ok(cfg.ins, _model(cfg)), "the kernel must cover this case"
+    assert kernel_of(cfg) is not None, "the kernel must cover this case"
     got, f1 = _run(monkeypatch, a, b, cfg, "1", scales)
     want, f0 = _run(monkeypatch, a, b, cfg, "0", scales)
     assert f1 is f0
@@ -197,11 +200,11 @@ MX_SCHEDULES = [dict(), dict(schedule=tcemu.KSchedule(k_tile=64, residue="first"
 @pytest.mark.parametrize("sched", MX_SCHEDULES, ids=lambda s: s["schedule"].describe() if s else "one chain")
 def test_block_scaled_schedules_equal_engine(monkeypatch, sched):
     """kind::mxf8f6f4 GEMMs under K schedules (residue first, slices): the CPU kernel reads one
-    exponent per 32-element scale block (gemm._scale_unit), a NaN scale included."""
+    exponent per 32-element scale block (gemm.plan.scale_unit), a NaN scale included."""
     rng = np.random.default_rng(37)
     K = 224
     cfg = tcemu.GemmConfig(arch="sm_120", instruction=SM120_MX, **sched)
-    assert gemm._scale_unit(cfg.k_schedule.plan(K, cfg.ins.k), cfg.ins.k, 32, None) == 32
+    assert scale_unit(cfg.k_schedule.plan(K, cfg.ins.k), cfg.ins.k, 32, None) == 32
     a, b = _bits(rng, (20, K), "e4m3"), _bits(rng, (K, 40), "e2m1")
     sa = jnp.asarray(rng.integers(110, 150, (20, K // 32)).astype(np.uint32))
     sb = jnp.asarray(rng.integers(100, 160, (K // 32, 40)).astype(np.uint32))
@@ -213,9 +216,9 @@ def test_scale_unit_keeps_blocks_whole():
     blocks of 32), or the grouped model's groups do not nest with the blocks."""
     cut = tcemu.KSchedule(slices=3, slice_align=8).plan(224, 32)
     whole = tcemu.KSchedule(slices=2).plan(224, 32)
-    assert gemm._scale_unit(cut, 32, 32, None) == 1 and gemm._scale_unit(whole, 32, 32, None) == 32
-    assert gemm._scale_unit(whole, 32, 32, 16) == 32 and gemm._scale_unit(whole, 32, 32, 48) == 1
-    assert gemm._scale_unit(whole, 32, 64, None) == 1  # instructions shorter than a block
+    assert scale_unit(cut, 32, 32, None) == 1 and scale_unit(whole, 32, 32, None) == 32
+    assert scale_unit(whole, 32, 32, 16) == 32 and scale_unit(whole, 32, 32, 48) == 1
+    assert scale_unit(whole, 32, 64, None) == 1  # instructions shorter than a block
 
 
 LARGE = [("H100", H100_F16, "f16", "f16", {}), ("H100", H100_TF32, "tf32", "tf32", {}),
@@ -254,14 +257,13 @@ def test_matmul_uses_kernel_and_not_outside_its_models(monkeypatch):
     """What runs where: f32 accumulation on the CPU takes the kernel; f16 accumulation, sticky
     alignment and stochastic rounding stay on the engine; TCEMU_NATIVE=0 turns it off."""
     cfg = tcemu.GemmConfig(arch="H100", instruction=H100_F16)
-    assert gemm._native_ok(cfg.ins, _model(cfg))
+    assert kernel_of(cfg) is not None
     f16acc = tcemu.GemmConfig(arch="H100", instruction="mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16")
-    assert not gemm._native_ok(f16acc.ins, _model(f16acc))
+    assert kernel_of(f16acc) is None
     for changes in (dict(sticky=True), dict(rounding="stochastic"), dict(block_sum="separate")):
-        m = _model(cfg).replace(**changes)
-        assert not gemm._native_ok(cfg.ins, m)
+        assert kernel_of(cfg.replace(model=_model(cfg).replace(**changes))) is None
     monkeypatch.setenv("TCEMU_NATIVE", "0")
-    assert not gemm._native_ok(cfg.ins, _model(cfg))
+    assert kernel_of(cfg) is None
     monkeypatch.setenv("TCEMU_NATIVE", "2")
     with pytest.raises(ValueError, match="TCEMU_NATIVE"):
         native.available()
@@ -338,7 +340,7 @@ def test_large_grouped_fp4_equal_engine(monkeypatch, vec, stype, changes, sched)
 @pytest.mark.parametrize("sched", SCHEDULES[:2] + SCHEDULES[3:4], ids=lambda s: str(s.get("k_order") or "kschedule"))
 def test_chains_one_at_a_time_equal_engine(monkeypatch, sched):
     """Large GEMMs fold their chains one at a time (memory O(M N))."""
-    monkeypatch.setattr(gemm, "_NATIVE_CHAIN_BYTES", 0)
+    monkeypatch.setattr(gemm.kernel, "CHAIN_BYTES", 0)
     rng = np.random.default_rng(19)
     cfg = tcemu.GemmConfig(arch="H100", instruction=H100_F16, **sched)
     _check(monkeypatch, cfg, _bits(rng, (12, 300), "f16"), _bits(rng, (300, 20), "f16"))
@@ -374,7 +376,7 @@ def test_mma_equal_engine(monkeypatch, arch, spelling, at, bt, ct):
     from tcemu._src.isa.parse import parse
 
     ins = parse(spelling)
-    assert mma_numerics._native_ok(ins, mma_numerics.resolve_model(ins, None, resolve(arch)))
+    assert mma_numerics._kernel(ins, mma_numerics.resolve_model(ins, None, resolve(arch))) is not None
     rng = np.random.default_rng(len(spelling))
     a = _bits(rng, (2, 3, ins.m, ins.k), at, specials=2)
     b = _bits(rng, (2, 3, ins.k, ins.n), bt, specials=1)
@@ -534,26 +536,28 @@ def test_mma_block_scales_per_block_equal_engine(monkeypatch):
     np.testing.assert_array_equal(_mma(ins, "sm_120", "1", monkeypatch, *args), want)
 
 
+def _use(model, afmt, bfmt, k, acc, gemm=False, platform="gpu"):
+    """Whether the registered kernel of ``platform`` takes this model."""
+    return _KERNELS[platform].accepts(model, afmt, bfmt, k, acc, gemm)
+
+
 def test_gpu_kernel_dispatch_rule(monkeypatch):
     """On a CUDA backend the GPU kernel runs GEMMs (not single MMAs) of models the CPU kernel covers,
     with blocks of at most 32 products, or 64 for grouped fp4."""
     assert native.gpu_fits(8192, 8192, 8192) and native.gpu_fits(1 << 20, 2044, 1)
     assert not native.gpu_fits(1 << 20, 1, 2045)  # 32-bit offsets: K x (M, N padded to 4) below 2**31
-    monkeypatch.setattr(native, "_cpu", lambda: False)
     monkeypatch.setattr(native, "_gpu", lambda: True)
     monkeypatch.setattr(native, "available_gpu", lambda: True)
     cfg = tcemu.GemmConfig(arch="H100", instruction=H100_F16)
     m, f16 = _model(cfg), fm.FORMATS["f16"]
-    assert native.use(m, f16, f16, 16, "f32", gemm=True)
-    assert not native.use(m, f16, f16, 16, "f32")  # single MMAs
-    assert native.use(m.replace(block_size=32), f16, f16, 64, "f32", gemm=True)
-    assert not native.use(m.replace(block_size=64), f16, f16, 64, "f32", gemm=True)
-    assert not native.use(m.replace(sticky=True), f16, f16, 16, "f32", gemm=True)
+    assert _use(m, f16, f16, 16, "f32", gemm=True)
+    assert not _use(m, f16, f16, 16, "f32")  # single MMAs
+    assert _use(m.replace(block_size=32), f16, f16, 64, "f32", gemm=True)
+    assert not _use(m.replace(block_size=64), f16, f16, 64, "f32", gemm=True)
+    assert not _use(m.replace(sticky=True), f16, f16, 16, "f32", gemm=True)
     fp4 = tcemu.GemmConfig(arch="sm_120", instruction=SM120_FP4.format("mxf4nvf4", "4X", "ue4m3"))
     m4, e2m1 = _model(fp4), fm.FORMATS["e2m1"]
-    assert gemm._native_ok(fp4.ins, m4)
-    assert native.use(m4, e2m1, e2m1, 64, "f32", gemm=True) and not native.use(m4, e2m1, e2m1, 64, "f32")
-    assert not native.use(m4.replace(block_size=128), e2m1, e2m1, 128, "f32", gemm=True)
-    monkeypatch.setattr(native, "_cpu", lambda: True)
+    assert _use(m4, e2m1, e2m1, 64, "f32", gemm=True) and not _use(m4, e2m1, e2m1, 64, "f32")
+    assert not _use(m4.replace(block_size=128), e2m1, e2m1, 128, "f32", gemm=True)
     monkeypatch.setattr(native, "available", lambda: True)
-    assert native.use(m4.replace(block_size=128), e2m1, e2m1, 128, "f32")
+    assert _use(m4.replace(block_size=128), e2m1, e2m1, 128, "f32", platform="cpu")

@@ -16,7 +16,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from identify_captures import _hlo_kernels, load  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from identify_captures import _hlo_kernels  # noqa: E402
+from tcemu._src.captures import load  # noqa: E402
 
 
 def kernels(case):

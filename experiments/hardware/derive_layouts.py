@@ -4,11 +4,12 @@
 
 Every table measured on the H200 is linear over GF(2): each bit of the lane index and of the
 value index (register * elements_per_register + slot) moves the element by a fixed (row, col)
-offset, (0, 0) for replicated copies. The output is what ``tcemu/_src/layouts_wmma.py`` holds
-for sm_75+; the test suite re-checks it against every captured table.
+offset, (0, 0) for replicated copies. The output is what ``tcemu/_src/layouts/wmma.py`` holds
+for sm_75+ (``SM75``); the test suite re-checks it against every captured table.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -66,4 +67,8 @@ def main(path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("capture", nargs="?", default=str(Path(__file__).resolve().parents[2] / "tests" / "data"
+                                                       / "wmma_layouts_sm90.npz"),
+                    help="the one-hot wmma layout capture (default: tests/data/wmma_layouts_sm90.npz)")
+    main(ap.parse_args().capture)

@@ -1,77 +1,13 @@
-"""Counter-based GEMM operands and the case grid of the real-library capture (``library_gemm.py``).
+"""The case grid of the real-library capture (``library_gemm.py``): shapes, types, flags, seeds.
 
-Every element is a pure integer function of (seed, operand, flat index), built directly as the bit
-pattern of the input format, so any crop of A (rows) or B (columns) is regenerated exactly on any
-machine, with numpy or cupy, without generating the rest:
-
-    >>> import numpy as np
-    >>> a = operand_bits(7, "a", "bf16", np.arange(4))        # the first 4 elements of A
-    >>> a.dtype, len(a)
-    (dtype('uint16'), 4)
-
-Values: random sign, exponent uniform over 8 binades around 1 (2^-5 .. 2^2 times 1.f), random
-fraction bits; no zeros, no specials.
+The operands of a case are a pure function of its seed; ``tcemu._src.captures`` (shared with the
+tests) regenerates any crop of them (``a_rows``, ``b_cols``, ``full``) and reads a capture back.
 """
 from __future__ import annotations
 
 import hashlib
 
-import ml_dtypes
 import numpy as np
-
-# (exponent bias, fraction bits, storage)
-FORMATS = {"f16": (15, 10, np.uint16), "bf16": (127, 7, np.uint16), "e4m3": (7, 3, np.uint8),
-           "e5m2": (15, 2, np.uint8)}
-OUT_STORAGE = {"f16": np.uint16, "bf16": np.uint16, "f32": np.uint32}
-NUMPY = {"f16": np.float16, "bf16": ml_dtypes.bfloat16, "e4m3": ml_dtypes.float8_e4m3fn,
-         "e5m2": ml_dtypes.float8_e5m2, "f32": np.float32}
-_TAG = {"a": 0x243F6A8885A308D3, "b": 0x13198A2E03707344}
-
-
-def _mix(x, xp):
-    """splitmix64's finaliser on uint64 (wrapping)."""
-    x = x ^ (x >> xp.uint64(30))
-    x = x * xp.uint64(0xBF58476D1CE4E5B9)
-    x = x ^ (x >> xp.uint64(27))
-    x = x * xp.uint64(0x94D049BB133111EB)
-    return x ^ (x >> xp.uint64(31))
-
-
-def operand_bits(seed: int, which: str, fmt: str, flat, xp=np):
-    """Bit patterns (uint8/uint16) of elements ``flat`` (flat indices into the row-major operand)
-    of operand ``which`` ("a" or "b") in format ``fmt``."""
-    bias, fb, store = FORMATS[fmt]
-    x = xp.asarray(flat).astype(xp.uint64) + xp.uint64((seed * 0x9E3779B97F4A7C15 + _TAG[which]) % 2**64)
-    h = _mix(_mix(x, xp), xp)
-    sign = h >> xp.uint64(63)
-    expo = (h >> xp.uint64(56)) & xp.uint64(7)  # 0..7 -> 2^-5 .. 2^2
-    frac = h & xp.uint64((1 << fb) - 1)
-    ebits = {15: 5, 127: 8, 7: 4}[bias]
-    bits = (sign << xp.uint64(ebits + fb)) | ((expo + xp.uint64(bias - 5)) << xp.uint64(fb)) | frac
-    return bits.astype(store)
-
-
-def a_rows(case: dict, rows, xp=np):
-    """Rows ``rows`` (flat over batch * M) of A (batch, M, K) as bits, shape (len(rows), K)."""
-    K = case["K"]
-    idx = xp.asarray(rows, dtype=xp.int64)[:, None] * K + xp.arange(K, dtype=xp.int64)[None]
-    return operand_bits(case["seed"], "a", case["a"], idx, xp)
-
-
-def b_cols(case: dict, batch: int, cols, xp=np):
-    """Columns ``cols`` of B[batch] (K, N) as bits, shape (K, len(cols))."""
-    K, N = case["K"], case["N"]
-    k = xp.arange(K, dtype=xp.int64)[:, None]
-    idx = (batch * K + k) * N + xp.asarray(cols, dtype=xp.int64)[None]
-    return operand_bits(case["seed"], "b", case["b"], idx, xp)
-
-
-def full(case: dict, which: str, xp=np):
-    """The whole operand as bits: A (batch, M, K) or B (batch, K, N) (batch 1 when unbatched)."""
-    bt = case["batch"] or 1
-    shape = (bt, case["M"], case["K"]) if which == "a" else (bt, case["K"], case["N"])
-    n = int(np.prod(shape))
-    return operand_bits(case["seed"], which, case[which], xp.arange(n, dtype=xp.int64), xp).reshape(shape)
 
 
 def seed_of(batch, M, N, K, a, b) -> int:

@@ -7,7 +7,7 @@ that ``tcemu.library_config`` ships.
 
 Each row: the case (library, GPU, shape, types, flags, kernels), the configuration found (or
 the closest candidates when none reproduces the 32 rows), and the fraction of held-out outputs
-it reproduces. Inputs are regenerated from the seeds (``gemm_inputs.py``).
+it reproduces. Inputs are regenerated from the seeds (``tcemu._src.captures``).
 """
 from __future__ import annotations
 
@@ -23,52 +23,24 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import gemm_inputs as G  # noqa: E402
-
 sys.path.insert(0, str(HERE.parents[1]))
-from tcemu._src.identify import _triton_trees  # noqa: E402
-from tcemu._src.schedule import KSchedule  # noqa: E402
+from tcemu._src.captures import OUT_STORAGE, captured, crop_operands, evaluate, hlo_slices, load  # noqa: E402
+from tcemu._src.identify import triton_trees  # noqa: E402
+from tcemu._src.library import slice_alignment  # noqa: E402
+from tcemu._src.gemm import KSchedule  # noqa: E402
 
 SEEN = 32
 
 
-def load(path):
-    z = np.load(path)
-    meta = json.loads(str(z["meta"]))
-    return z, meta
-
-
-def crop_operands(case, rows, cols):
-    """a rows (R, K) and, per batch index, b columns (K, C) in their numpy dtypes."""
-    a = G.a_rows(case, rows).view(G.NUMPY[case["a"]])
-    bt = np.asarray(rows) // case["M"]
-    bs = {int(x): G.b_cols(case, int(x), cols).view(G.NUMPY[case["b"]]) for x in np.unique(bt)}
-    return a, bt, bs
-
-
 def emulate(case, rows, cols, cfg):
+    """The captured crop as ``tcemu.matmul`` with ``cfg`` computes it."""
     import tcemu
 
-    a, bt, bs = crop_operands(case, rows, cols)
-    out = np.zeros((len(rows), len(cols)), G.NUMPY[case["out"]])
-    for x, b in bs.items():
-        sel = bt == x
-        out[sel] = np.asarray(tcemu.matmul(a[sel], b, config=cfg)).astype(out.dtype)
-    return out
+    return evaluate(case, rows, cols, lambda a, b: tcemu.matmul(a, b, config=cfg))
 
 
 def config_dict(cfg):
     return {"instruction": cfg.instruction, "schedule": dataclasses.asdict(cfg.schedule)}
-
-
-def captured(path, key):
-    """A captured case: (case, GPU name, "H100"/"H200", rows, columns, output crop)."""
-    z, meta = load(path)
-    case = next(c for c in meta["cases"] if c.get("key") == key)
-    gpu = meta["header"]["versions"]["gpu"]
-    rows, cols = z[f"{key}.rows"], z[f"{key}.cols"]
-    return case, gpu, "H200" if "H200" in gpu else "H100", rows, cols, z[f"{key}.d"].view(G.NUMPY[case["out"]])
 
 
 def one(job):
@@ -86,7 +58,7 @@ def one(job):
     seen = np.zeros(len(rows), bool)
     seen[np.flatnonzero(bt == bt[0])[:n_seen]] = True
     a, _, bs = crop_operands(case, rows[seen], cols)
-    store = G.OUT_STORAGE[case["out"]]
+    store = OUT_STORAGE[case["out"]]
 
     def reproduces(cfg):
         return (emulate(case, rows, cols, cfg).view(store) == d.view(store)).all()
@@ -133,14 +105,12 @@ def hinted(case):
            else "m16n8k16.f32.f16.f16.f32" if fp8 and int(bk.group(1)) % 16 == 0 else None)
     if ins is None:
         return []
-    m = re.search(r"f32\[" + (r"\d+," if case["batch"] else "") + r"(\d+),\d+,\d+\]\{[\d,]+\} dot\(", hlo)
-    if not m:  # no split-K: one chain
+    S = hlo_slices(case)
+    if S is None:  # no split-K: one chain
         return [(ins, {})] if "triton_gemm" in hlo or "__triton" in hlo else []
-    align = 128 // min(8 if t in ("e4m3", "e5m2") else 16 for t in (case["a"], case["b"]))
-    S = int(m.group(1))
-    base = {"slices": S, "k_tile": int(bk.group(1)), "slice_align": align}
+    base = {"slices": S, "k_tile": int(bk.group(1)), "slice_align": slice_alignment(case["a"], case["b"])}
     reds = [{"reduction": "pairwise"}] + [{"reduction": "pairwise", "reduce_threads": T, "reduce_lanes": L}
-                                          for T, L in _triton_trees(S)]
+                                          for T, L in triton_trees(S)]
     reds = reds + [{"reduction": "shuffle"}] if '"kind":"__triton"}' in hlo else [{"reduction": "shuffle"}] + reds
     return [(ins, base | r) for r in reds + [{"reduction": "sequential"}]]
 
@@ -197,7 +167,7 @@ def check_config(job):
     case, gpu, arch, rows, cols, d = captured(path, key)
     cfg = tcemu.library_config(case["lib"], arch=arch, M=case["M"], N=case["N"], K=case["K"], a=case["a"],
                                b=case["b"], out=case["out"], batch=case["batch"], **case["flags"])
-    store = G.OUT_STORAGE[case["out"]]
+    store = OUT_STORAGE[case["out"]]
     ok = emulate(case, rows, cols, cfg).view(store) == d.view(store)
     return dict({k: case[k] for k in ("lib", "batch", "M", "N", "K", "a", "b", "out", "flags")}, arch=arch, key=key,
                 kernels=case.get("kernels") or _hlo_kernels(case.get("hlo", [])), match=float(ok.mean()),

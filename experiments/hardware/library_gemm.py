@@ -11,7 +11,7 @@ Writes ``OUTDIR/library_gemm_<gpu>_<lib>.npz`` (``..._heldout.npz`` for the held
 (``<i>.rows`` flat over batch*M, ``<i>.cols``) and ``meta``, a JSON list of the cases with the
 kernels that ran (torch profiler names; for jnp.dot the GEMM lines of XLA's optimised HLO, with
 the Triton tiling / split-K or cuBLAS algorithm XLA picked), whether two runs gave the same bits,
-and the library versions. Inputs are regenerated from the seeds (``gemm_inputs.py``).
+and the library versions. Inputs are regenerated from the seeds (``tcemu._src.captures``).
 """
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parents[1]))
 import gemm_inputs as G  # noqa: E402
+from tcemu._src import captures as C  # noqa: E402
 
 
 def gpu_name():
@@ -46,7 +48,7 @@ def inputs_on_gpu(case):
         import cupy as xp
     except ImportError:  # CPU plumbing check (jax only)
         xp = np
-    return G.full(case, "a", xp), G.full(case, "b", xp)
+    return C.full(case, "a", xp), C.full(case, "b", xp)
 
 
 class Torch:
@@ -199,7 +201,7 @@ def main(argv=None):
             continue
         d = np.asarray(bits.cpu() if hasattr(bits, "cpu") else bits)
         key = f"{_key_prefix(args)}{i}"
-        arrays[f"{key}.d"] = d[np.ix_(rows, cols)].astype(G.OUT_STORAGE[case["out"]])
+        arrays[f"{key}.d"] = d[np.ix_(rows, cols)].astype(C.OUT_STORAGE[case["out"]])
         arrays[f"{key}.rows"], arrays[f"{key}.cols"] = rows, cols
         meta.append(dict(case, key=key, **info))
         print(f"{i} {case['lib']} b{case['batch']} {case['M']}x{case['N']}x{case['K']} {case['a']}x{case['b']}->"

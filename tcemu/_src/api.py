@@ -12,6 +12,7 @@ from tcemu._src.arch import resolve
 from tcemu._src.numerics.mma import check_key
 from tcemu._src.isa import parse as P
 from tcemu._src.isa import wmma as W
+from tcemu._src.isa.targets import check_arch
 from tcemu._src.numerics import engine
 from tcemu._src.numerics import mma as mma_numerics
 from tcemu._src.numerics.presets import check_model
@@ -199,7 +200,7 @@ def mma(spelling: str, a, b, c, *, arch="sm_90", model=None, key=None, scale_a=N
     if not isinstance(ins, P.Mma):
         raise ValueError(f"{spelling!r} is not an MMA instruction")
     arch_ = resolve(arch)
-    mma_numerics.check_arch(ins, arch_)
+    check_arch(ins, arch_)
     _check_model(ins, model)
     key = check_key(key, f"{spelling!r}")
     shapes = {"a": (ins.m, ins.k), "b": (ins.k, ins.n), "c": (ins.m, ins.n)}

@@ -20,7 +20,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import ml_dtypes
-import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +101,10 @@ F8F6F4_TYPES = ("e4m3", "e5m2", "e3m2", "e2m3", "e2m1")
 SCALE_TYPES = ("ue8m0", "ue4m3")
 
 # JAX / NumPy dtype of the values of each PTX element type (tf32 values are float32 arrays).
+# register bits of each PTX element type; fp8/fp6/fp4 of .kind::f8f6f4 sit in 8-bit containers
+# (packed fp4 of .kind::mxf4* is 4 bits)
+ELEMENT_BITS = {"f16": 16, "bf16": 16, "tf32": 32, "f32": 32, "f64": 64, "s8": 8, "u8": 8, "s4": 4, "u4": 4, "b1": 1,
+                "s32": 32, "e4m3": 8, "e5m2": 8, "e3m2": 8, "e2m3": 8, "e2m1": 8}
 VALUE_DTYPES = {
     "f16": jnp.float16, "bf16": jnp.bfloat16, "tf32": jnp.float32, "f32": jnp.float32,
     "f64": jnp.float64, "e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2,
@@ -110,7 +113,6 @@ VALUE_DTYPES = {
     "s8": jnp.int8, "u8": jnp.uint8, "s4": jnp.int8, "u4": jnp.uint8, "b1": jnp.uint8,
     "s32": jnp.int32,
 }
-STORAGE_DTYPES = {16: jnp.uint16, 32: jnp.uint32, 8: jnp.uint8}
 
 
 class Decoded(NamedTuple):
@@ -183,9 +185,3 @@ def from_bits(bits, etype: str):
     dt = jnp.dtype(VALUE_DTYPES[etype])
     storage = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[dt.itemsize]
     return jax.lax.bitcast_convert_type(jnp.asarray(bits).astype(storage), dt)
-
-
-def np_bits(x) -> np.ndarray:
-    """NumPy helper: the uint bit patterns of a float array (any of the supported dtypes)."""
-    x = np.asarray(x)
-    return x.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[x.dtype.itemsize])

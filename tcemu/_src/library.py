@@ -31,8 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from tcemu._src import formats as fm
-from tcemu._src.gemm import GemmConfig
-from tcemu._src.schedule import KSchedule
+from tcemu._src.gemm import GemmConfig, KSchedule
 
 LIBRARIES = {"torch.mm": ("reduced_precision_reduction",), "torch.bmm": ("reduced_precision_reduction",),
              "torch._scaled_mm": ("use_fast_accum",), "jnp.dot": ("xla_autotune",)}
@@ -116,8 +115,8 @@ def _kernel_form(row: dict, cfg: GemmConfig, K: int, N: int) -> GemmConfig:
     if "nvjet" in names:
         form = KSchedule(k_tile=64, slices=s.slices) if s.slices > 1 else KSchedule()
     elif "cutlass" in names:
-        form = KSchedule(k_tile=64, residue="first", slices=s.slices, slice_align=8 if s.slices > 1 else 0,
-                         partials=s.partials)
+        align = slice_alignment(row["a"], row["b"]) if s.slices > 1 else 0
+        form = KSchedule(k_tile=64, residue="first", slices=s.slices, slice_align=align, partials=s.partials)
     else:
         return cfg
     return cfg.replace(schedule=form) if form.equivalent(s, row["K"], k) else cfg
@@ -143,6 +142,12 @@ _XLA_SMS = 132  # H100 SXM and H200
 
 def _bits(t: str) -> int:
     return fm.FORMATS[t].storage_bits
+
+
+def slice_alignment(a: str, b: str) -> int:
+    """Elements of K in 16 bytes of the narrower input type: where the split-K slices of CUTLASS
+    2 kernels and of XLA's Triton GEMMs start."""
+    return 128 // min(_bits(a), _bits(b))
 
 
 def xla_split_k(M: int, N: int, K: int, batch: int | None, a: str, b: str, out: str) -> int:
@@ -200,9 +205,8 @@ def _xla_autotune_off(gpu: str, M: int, N: int, K: int, batch: int | None, a: st
         ins = "m16n8k16.f32.f16.f16.f32" if block_k < 32 else f"wgmma.mma_async.sync.aligned.m64n8k32.f32.{a}.{b}"
     if S == 1:
         return GemmConfig(arch=gpu, instruction=ins, schedule=KSchedule())
-    align = 128 // min(_bits(a), _bits(b))
     return GemmConfig(arch=gpu, instruction=ins,
-                      schedule=KSchedule(slices=S, k_tile=block_k, slice_align=align,
+                      schedule=KSchedule(slices=S, k_tile=block_k, slice_align=slice_alignment(a, b),
                                          reduction="sequential" if S < 32 else "shuffle"))
 
 

@@ -26,6 +26,8 @@ import ml_dtypes
 import numpy as np
 
 from tcemu._src import formats as fm
+from tcemu._src.formats import ELEMENT_BITS
+from tcemu._src.checks import concrete_int, is_integer_value, scalar_int  # noqa: F401 (the instructions' too)
 from tcemu._src.numerics.fma64 import require_x64
 
 _U32 = jnp.uint32
@@ -37,41 +39,6 @@ LAYOUTS = ("row", "col")
 
 # ---------------------------------------------------------------------------------------------
 # argument checks shared by the memory helpers and the instructions
-
-
-def concrete_int(x):
-    """``int(x)`` when ``x`` is known at trace time, else ``None``."""
-    if x is None:
-        return None
-    if isinstance(x, (int, np.integer)):
-        return int(x)
-    try:
-        return int(np.asarray(x).item())
-    except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError, TypeError):
-        return None
-
-
-def is_integer_value(x) -> bool:
-    """A Python/NumPy integer (not a bool)."""
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
-
-
-def scalar_int(x, name: str, where: str):
-    """Check an integer scalar argument (``p``, ``stride``): a Python or NumPy integer, or a 0-d
-    integer array, possibly traced. Returns an ``int`` when concrete, else the traced array."""
-    if is_integer_value(x):
-        return int(x)
-    if isinstance(x, (jax.Array, np.ndarray, np.generic)):
-        dt = np.dtype(x.dtype)
-        if not np.issubdtype(dt, np.integer):
-            got = f"{x!r}" if isinstance(x, np.generic) else "an array"
-            raise TypeError(f"{where}: {name} must be an integer, got {got} of dtype {dt}")
-        if np.ndim(x) != 0:
-            raise TypeError(f"{where}: {name} must be a scalar integer, got shape {np.shape(x)} "
-                            "(use jax.vmap for one value per warp)")
-        v = concrete_int(x)
-        return x if v is None else v
-    raise TypeError(f"{where}: {name} must be an integer, got {x!r} ({type(x).__name__})")
 
 
 def check_layout(layout, where: str, name: str = "layout") -> str:
@@ -217,8 +184,6 @@ _INT_RANGE = {"s8": (-128, 127), "u8": (0, 255), "s4": (-8, 7), "u4": (0, 15), "
 
 
 def _etype_bits(etype, where):
-    from tcemu._src.isa.parse import ELEMENT_BITS
-
     if not isinstance(etype, str):
         raise TypeError(f"{where}: etype must be a string such as 'f16', got {etype!r} ({type(etype).__name__})")
     if etype not in ELEMENT_BITS:

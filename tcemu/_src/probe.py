@@ -31,16 +31,15 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax.numpy as jnp
 import numpy as np
 
 from tcemu._src.arch import resolve
-from tcemu._src.isa.parse import Mma, parse
+from tcemu._src.isa.parse import parse
+from tcemu._src.probe_box import Box, probe_instruction
 from tcemu._src.studies import DTYPES, check_choice, check_int, default_instruction
 
-_MIN_SUB = {"f16": -24, "bf16": -133, "tf32": -136, "e4m3": -9, "e5m2": -16}
+__all__ = ["ROUNDINGS", "ProbeResult", "expected", "probe", "probe_instruction"]
 _FP6_FP4 = ("e3m2", "e2m3", "e2m1")
-_UNIT_SCALE = {"ue8m0": 127, "ue4m3": 0x38}  # 1.0
 _MAX_EXP = 40  # largest j / k tried
 ROUNDINGS = ("rz", "rne", "rna", "ru", "rd", "undetermined")
 
@@ -98,95 +97,6 @@ class ProbeResult:
                 ("subnormal_outputs", "subnormal outputs kept", self.subnormal_outputs)]
 
 
-def probe_instruction(spelling: str) -> Mma:
-    """The parsed ``spelling`` if :func:`probe` can measure it (a floating-point MMA with f32 C
-    and D), else a ValueError naming it."""
-    ins = parse(spelling)
-    if not isinstance(ins, Mma):
-        raise ValueError(f"probe needs an MMA instruction, got {spelling!r}")
-    if ins.dtype != "f32" or ins.ctype != "f32":
-        raise ValueError(f"probe needs an instruction with f32 C and D, got {spelling!r}")
-    return ins
-
-
-class _Box:
-    """Batched single dot products through ``tcemu.mma`` (instructions chained along K)."""
-
-    def __init__(self, spelling, arch, model, mma):
-        self.ins = probe_instruction(spelling)
-        if mma is None:
-            from tcemu._src.api import mma as emulated
-            from tcemu._src.numerics.mma import check_arch, resolve_model
-
-            check_arch(self.ins, arch)
-            resolve_model(self.ins, model, arch)  # the preset or model=, or an error naming model=
-
-            def mma(sp, a, b, c, **scales):
-                return emulated(sp, a, b, c, arch=arch, model=model, **scales)
-
-        self.spelling, self.mma = spelling, mma
-        self.fmts = (self.ins.atype, self.ins.btype)
-        self.min_sub = max(_MIN_SUB.get(f, 0) for f in self.fmts)  # smallest subnormal in both formats
-
-    def value(self, x):
-        """Is x exactly representable in the input format? Returns the float (raises if not)."""
-        for f in self.fmts:
-            if f != "tf32" and float(np.asarray(x, dtype=DTYPES[f]).astype(np.float64)) != x:
-                raise ValueError(f"{x} is not exact in {f}")
-        return float(x)
-
-    def pair(self, exp):
-        """Two input values whose product is 2**exp."""
-        lo, hi = exp // 2, exp - exp // 2
-        return self.value(2.0 ** hi), self.value(2.0 ** lo)
-
-    def scale_code(self, e: int) -> int:
-        """The scale code of 2**e (ue8m0: -127..127; ue4m3: -9..8)."""
-        if self.ins.stype == "ue8m0":
-            return e + 127
-        return int(np.asarray(2.0 ** e, np.float32).astype(DTYPES["e4m3"]).view(np.uint8))
-
-    def run(self, cases, scales=None):
-        """cases: list of (dict position -> (a, b), c). Returns float64 results. Block-scaled
-        instructions take ``scales``: per case, a dict scale block -> (exponent of A's scale, of
-        B's scale) for the row and column used (other blocks: 1.0)."""
-        K = self.ins.k
-        n = max(max(p for p in pos) for pos, _ in cases) + 1
-        steps = -(-n // K)
-        B = len(cases)
-        A = np.zeros((B, steps, self.ins.m, K), np.float64)
-        Bm = np.zeros((B, steps, K, self.ins.n), np.float64)
-        for i, (pos, _) in enumerate(cases):
-            for p, (x, y) in pos.items():
-                A[i, p // K, 0, p % K] = x
-                Bm[i, p // K, p % K, 0] = y
-        d = np.zeros((B, self.ins.m, self.ins.n), np.float32)
-        d[:, 0, 0] = [c for _, c in cases]
-        dta, dtb = DTYPES[self.fmts[0]], DTYPES[self.fmts[1]]
-        S = self.ins.scale_vec
-        if S:
-            SA = np.full((B, steps, self.ins.m, S), _UNIT_SCALE[self.ins.stype], np.uint8)
-            SB = np.full((B, steps, S, self.ins.n), _UNIT_SCALE[self.ins.stype], np.uint8)
-            for i, sc in enumerate(scales or [{}] * B):
-                for blk, (ea, eb) in sc.items():
-                    SA[i, blk // S, 0, blk % S] = self.scale_code(ea)
-                    SB[i, blk // S, blk % S, 0] = self.scale_code(eb)
-        d = jnp.asarray(d)
-        for s in range(steps):
-            a, b = A[:, s].astype(dta), Bm[:, s].astype(dtb)
-            if S:  # fp6 as numpy (JAX holds none); scale codes as uint8
-                d = self.mma(self.spelling, a, b, d, scale_a=SA[:, s], scale_b=SB[:, s])
-            else:
-                d = self.mma(self.spelling, jnp.asarray(a), jnp.asarray(b), d)
-            shape, dtype = getattr(d, "shape", None), getattr(d, "dtype", None)
-            if shape is None or tuple(shape) != (B, self.ins.m, self.ins.n) or dtype != np.float32:
-                raise ValueError(f"the mma function returned {type(d).__name__} shape={shape} dtype={dtype} for "
-                                 f"{self.spelling!r}; expected D as a float32 array of shape "
-                                 f"{(B, self.ins.m, self.ins.n)} (batch, M, N), like tcemu.mma")
-            d = jnp.asarray(d)
-        return np.asarray(d[:, 0, 0], np.float64)
-
-
 def probe(arch="H100", fmt: str | None = None, *, instruction=None, model=None, mma=None) -> ProbeResult:
     """Measure the accumulation features of ``instruction`` (default: the format's usual MMA on
     ``arch``; ``fmt`` defaults to f16) under the ``arch`` preset or a user ``model``
@@ -207,6 +117,28 @@ def probe(arch="H100", fmt: str | None = None, *, instruction=None, model=None, 
     need (a ValueError says so); ``kind::mxf8f6f4`` with fp8 elements runs the usual tests with
     unit scales.
     """
+    box, sp = _probe_box(arch, fmt, instruction, model, mma)
+    if box.ins.family == "mxf4" and box.ins.scale_vec >= 2:
+        return _probe_grouped(box, sp)
+    if set(box.fmts) & set(_FP6_FP4):
+        raise ValueError(f"{sp!r}: probe's feature tests need products spanning 2**40, which fp6/fp4 inputs "
+                         "cannot form without block scales; block-scaled fp4 (kind::mxf4, kind::mxf4nvf4) is "
+                         "probed through its scale factors")
+    e1 = 14 if "e4m3" in box.fmts else 16  # X = 2**e1, a product of two normal numbers
+    F, q = _fraction_bits(box, e1)
+    Fe = F if F is not None else _MAX_EXP
+    # the carry form: W = 1.5 * 1.5 * 2**S (significand 2.25, unnormalised exponent S)
+    S = e1 - 2
+    c15 = box.value(1.5 * 2.0 ** (S // 2))
+    normalized, acc_bits, subnormal_inputs, subnormal_outputs = _accumulator(box, S, c15, Fe, q)
+    addend = _addend(box, e1, Fe, acc_bits)
+    L, order = _block(box, S, c15, F, Fe - (1 if normalized else 0), acc_bits)
+    rounding = _rounding(box, S, c15, Fe - (1 if normalized else 0), acc_bits)
+    return ProbeResult(sp, F, acc_bits, L, order, rounding, normalized, addend, subnormal_inputs, subnormal_outputs)
+
+
+def _probe_box(arch, fmt, instruction, model, mma) -> tuple[Box, str]:
+    """The arguments of :func:`probe` checked, and the box it measures with its instruction."""
     from tcemu._src.numerics.presets import check_model
 
     arch = resolve(arch)
@@ -222,111 +154,109 @@ def probe(arch="H100", fmt: str | None = None, *, instruction=None, model=None, 
     if instruction is not None and not isinstance(instruction, str):
         raise TypeError(f"instruction must be an MMA spelling (str) or None, got {instruction!r}")
     sp = default_instruction(arch, fmt or "f16") if instruction is None else instruction
-    box = _Box(sp, arch, model, mma)
+    box = Box(sp, arch, model, mma)
     if fmt is not None and box.ins.atype != fmt:
         raise ValueError(f"fmt={fmt!r} disagrees with the instruction: {sp!r} takes {box.ins.atype} inputs")
-    if box.ins.family == "mxf4" and box.ins.scale_vec >= 2:
-        return _probe_grouped(box, sp)
-    if set(box.fmts) & set(_FP6_FP4):
-        raise ValueError(f"{sp!r}: probe's feature tests need products spanning 2**40, which fp6/fp4 inputs "
-                         "cannot form without block scales; block-scaled fp4 (kind::mxf4, kind::mxf4nvf4) is "
-                         "probed through its scale factors")
-    e1 = 14 if "e4m3" in box.fmts else 16  # X = 2**e1, a product of two normal numbers
+    return box, sp
+
+
+def _fraction_bits(box: Box, e1: int):
+    """F: X, -X and a tiny product 2**-j X in one block (X = 2**e1). The block is unknown, so the
+    smallest j_max over placements of the tiny term (a placement in another block truncates
+    nothing). Returns (F or None, the placement that set it)."""
     X = box.pair(e1)
-    negX = (-X[0], X[1])
-    K_total = 4 * box.ins.k
-
-    def tiny(j):
-        return box.pair(e1 - j)
-
-    # F: X, -X and a tiny product in one block; the block is unknown, so take the smallest j_max
-    # over placements of the tiny term (a placement in another block truncates nothing)
     js = [j for j in range(1, _MAX_EXP + 1) if e1 - j >= 2 * box.min_sub + 2]
     places = (2, 3, 4)
-    cases = [({0: X, 1: negX, q: tiny(j)}, 0.0) for q in places for j in js]
+    cases = [({0: X, 1: (-X[0], X[1]), q: box.pair(e1 - j)}, 0.0) for q in places for j in js]
     res = box.run(cases).reshape(len(places), len(js))
     kept = res == np.array([2.0 ** (e1 - j) for j in js])[None]
     j_max = [max([j for j, k in zip(js, row) if k], default=0) for row in kept]
     F = min(j_max)
-    F = None if F == js[-1] else F
-    Fe = F if F is not None else _MAX_EXP
-    # normalisation: 1.5*1.5 - 1.5*1.5 + 2**-F (positions 0, 1 and the placement that set F)
-    q = places[int(np.argmin(j_max))]
-    # the carry form: W = 1.5 * 1.5 * 2**S (significand 2.25, unnormalised exponent S)
-    S = e1 - 2
-    c15 = box.value(1.5 * 2.0 ** (S // 2))
+    return (None if F == js[-1] else F), places[int(np.argmin(j_max))]
+
+
+def _accumulator(box: Box, S: int, c15: float, Fe: int, q: int):
+    """One batch: normalisation (1.5*1.5 - 1.5*1.5 + 2**-F at positions 0, 1 and ``q``), the
+    accumulator's fraction bits (W + 2**-k W after one block) and subnormal inputs and outputs.
+    Returns (normalized, accumulator bits or None, subnormal_inputs, subnormal_outputs)."""
     W = 2.25 * 2.0 ** S
     norm_case = ({0: (c15, c15), 1: (-c15, c15), q: box.pair(S - Fe)}, 0.0)
-    # accumulator precision: W + 2**-k W after one block
     ks = list(range(1, min(Fe, _MAX_EXP) + 1))
     acc_cases = [({0: (c15, c15), 1: box.pair(S - k)}, 0.0) for k in ks]
-    # addend placement (below, once the accumulator precision is known)
-    # subnormals
     sub_in = ({0: (box.value(2.0 ** box.min_sub), box.value(1.0))}, 0.0)
     sub_out = ({0: (0.0, 0.0)}, float(np.float32(2.0 ** -130)))  # subnormal in f32 and e8m13
     r = box.run([norm_case] + acc_cases + [sub_in, sub_out])
-    normalized = bool(r[0] == 0.0)
     acc_ok = [k for k, v in zip(ks, r[1:1 + len(ks)]) if v == W + 2.0 ** (S - k)]
     acc_bits = max(acc_ok) + 1 if acc_ok and max(acc_ok) < min(Fe, _MAX_EXP) else None
-    # C = -X with products X and s = 2**-(acc+1) * X: s is kept only if C joins the first block
-    # (alignment keeps it when acc + 1 <= F; rounding X + s into the accumulator loses it)
-    addend = None
-    if acc_bits is not None and acc_bits + 1 <= Fe:
-        t = box.run([({0: X, 1: tiny(acc_bits + 1)}, -float(np.float32(X[0] * X[1])))])[0]
-        addend = "first" if t == 2.0 ** (e1 - acc_bits - 1) else "last" if t == 0.0 else None
-    subnormal_inputs = bool(r[-2] == 2.0 ** box.min_sub)
-    subnormal_outputs = bool(r[-1] == 2.0 ** -130)
-    # block structure: X (carry form 2.25 * 2**e) at 0, s at 1, -X at p
-    L, order = None, None
-    if acc_bits is not None:
-        shift = 1 if normalized else 0
-        jb = min(Fe - shift, acc_bits + 1)  # s = 2**-jb: kept by alignment, lost in X + s rounding
-        if jb >= acc_bits:
-            s = box.pair(S - jb)
-            cases = [({0: (c15, c15), 1: s, p: (-c15, c15)}, 0.0) for p in range(2, K_total)]
-            same = box.run(cases) == 2.0 ** (S - jb)
-            first = [0, 1] + [p for p, v in zip(range(2, K_total), same) if v]
-            if first == [0, 1] and F is None:
-                pass  # blocks of at most 2, or a correctly rounded FMA chain: not told apart here
-            elif first == list(range(len(first))):
-                L = len(first)
-            else:
-                L, order = len(first), tuple(first)
-    rounding = "undetermined"
-    if acc_bits is not None and Fe - (1 if normalized else 0) >= acc_bits:
-        ulp = 2.0 ** (S + 1 - acc_bits)
-        quarters = Fe - (1 if normalized else 0) >= acc_bits + 1
-        fracs = (1.25, 1.5, 1.75) if quarters else (1.5,)
-        cases = []
-        for sign in (1.0, -1.0):
-            for f in fracs:
-                parts = {0: (sign * c15, c15)}
-                rem, pos = f * ulp, 1
-                while rem > 0:  # f * ulp as a sum of powers of two, each a product
-                    e = int(np.floor(np.log2(rem)))
-                    x, y = box.pair(e)
-                    parts[pos] = (sign * x, y)
-                    rem -= 2.0 ** e
-                    pos += 1
-                cases.append((parts, 0.0))
-        got = box.run(cases)
-        ulps = np.round((np.abs(got) - W) / ulp).astype(int).reshape(2, len(fracs))
-        table = {  # (positive, negative) ulps above 2.25 in magnitude for 1.25, 1.5, 1.75 (or 1.5)
-            "rz": ((1, 1, 1), (1, 1, 1)), "rne": ((1, 2, 2), (1, 2, 2)), "rna": ((1, 2, 2), (1, 2, 2)),
-            "ru": ((2, 2, 2), (1, 1, 1)), "rd": ((1, 1, 1), (2, 2, 2))}
-        for name, (pos, neg) in table.items():
-            sel = slice(None) if quarters else slice(1, 2)
-            if tuple(ulps[0]) == pos[sel] and tuple(ulps[1]) == neg[sel]:
-                rounding = name
-                break
-        if rounding in ("rne", "rna"):  # a tie at an even accumulator ulp: 2.25 + 0.5 ulp
-            tie = {0: (c15, c15), 1: box.pair(S - acc_bits)}
-            t = box.run([(tie, 0.0)])[0]
-            rounding = "rne" if t == W else "rna" if t == W + ulp else "undetermined"
-    return ProbeResult(sp, F, acc_bits, L, order, rounding, normalized, addend, subnormal_inputs, subnormal_outputs)
+    return bool(r[0] == 0.0), acc_bits, bool(r[-2] == 2.0 ** box.min_sub), bool(r[-1] == 2.0 ** -130)
 
 
-def _probe_grouped(box: _Box, sp: str) -> ProbeResult:
+def _addend(box: Box, e1: int, Fe: int, acc_bits: int | None) -> str | None:
+    """C = -X with products X and s = 2**-(acc+1) * X: s is kept only if C joins the first block
+    (alignment keeps it when acc + 1 <= F; rounding X + s into the accumulator loses it)."""
+    if acc_bits is None or acc_bits + 1 > Fe:
+        return None
+    X = box.pair(e1)
+    t = box.run([({0: X, 1: box.pair(e1 - acc_bits - 1)}, -float(np.float32(X[0] * X[1])))])[0]
+    return "first" if t == 2.0 ** (e1 - acc_bits - 1) else "last" if t == 0.0 else None
+
+
+def _block(box: Box, S: int, c15: float, F: int | None, Fn: int, acc_bits: int | None):
+    """Block size and order: X (carry form 2.25 * 2**S) at 0, s at 1, -X at p give s when p shares
+    the fused block of k = 0 (``Fn``: F less one when products are normalised). Returns
+    (L, order), None where undetermined or consecutive."""
+    if acc_bits is None:
+        return None, None
+    jb = min(Fn, acc_bits + 1)  # s = 2**-jb: kept by alignment, lost in X + s rounding
+    if jb < acc_bits:
+        return None, None
+    K_total = 4 * box.ins.k
+    cases = [({0: (c15, c15), 1: box.pair(S - jb), p: (-c15, c15)}, 0.0) for p in range(2, K_total)]
+    same = box.run(cases) == 2.0 ** (S - jb)
+    first = [0, 1] + [p for p, v in zip(range(2, K_total), same) if v]
+    if first == [0, 1] and F is None:
+        return None, None  # blocks of at most 2, or a correctly rounded FMA chain: not told apart here
+    if first == list(range(len(first))):
+        return len(first), None
+    return len(first), tuple(first)
+
+
+def _rounding(box: Box, S: int, c15: float, Fn: int, acc_bits: int | None) -> str:
+    """Rounding of block results: 2.25 plus 1.25, 1.5 and 1.75 accumulator ulps (or 1.5 alone when
+    ``Fn``, F less one when products are normalised, leaves no room for quarters), both signs;
+    RNE and RNA apart by a tie at an even ulp."""
+    if acc_bits is None or Fn < acc_bits:
+        return "undetermined"
+    W = 2.25 * 2.0 ** S
+    ulp = 2.0 ** (S + 1 - acc_bits)
+    quarters = Fn >= acc_bits + 1
+    fracs = (1.25, 1.5, 1.75) if quarters else (1.5,)
+    cases = []
+    for sign in (1.0, -1.0):
+        for f in fracs:
+            parts = {0: (sign * c15, c15)}
+            rem, pos = f * ulp, 1
+            while rem > 0:  # f * ulp as a sum of powers of two, each a product
+                e = int(np.floor(np.log2(rem)))
+                x, y = box.pair(e)
+                parts[pos] = (sign * x, y)
+                rem -= 2.0 ** e
+                pos += 1
+            cases.append((parts, 0.0))
+    ulps = np.round((np.abs(box.run(cases)) - W) / ulp).astype(int).reshape(2, len(fracs))
+    table = {  # (positive, negative) ulps above 2.25 in magnitude for 1.25, 1.5, 1.75 (or 1.5)
+        "rz": ((1, 1, 1), (1, 1, 1)), "rne": ((1, 2, 2), (1, 2, 2)), "rna": ((1, 2, 2), (1, 2, 2)),
+        "ru": ((2, 2, 2), (1, 1, 1)), "rd": ((1, 1, 1), (2, 2, 2))}
+    sel = slice(None) if quarters else slice(1, 2)
+    rounding = next((name for name, (pos, neg) in table.items()
+                     if tuple(ulps[0]) == pos[sel] and tuple(ulps[1]) == neg[sel]), "undetermined")
+    if rounding in ("rne", "rna"):  # a tie at an even accumulator ulp: 2.25 + 0.5 ulp
+        t = box.run([({0: (c15, c15), 1: box.pair(S - acc_bits)}, 0.0)])[0]
+        rounding = "rne" if t == W else "rna" if t == W + ulp else "undetermined"
+    return rounding
+
+
+def _probe_grouped(box: Box, sp: str) -> ProbeResult:
     """The scale-factor tests of block-scaled fp4 (see :func:`probe`)."""
     ins, blk = box.ins, box.ins.scale_block
     ue8 = ins.stype == "ue8m0"

@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from tcemu._src.gemm import quantize
-from tcemu._src.isa.parse import parse
+from tcemu._src.quant.elements import quantize
+from tcemu._src.isa.parse import Mma, parse
 from tcemu._src.numerics import engine
 
 DTYPES = {"f16": np.float16, "bf16": ml_dtypes.bfloat16, "tf32": np.float32,
@@ -164,8 +164,6 @@ def error_vs_k(fmt: str = "f16", arch="H100", ks=tuple(2 ** i for i in range(4, 
     (ue8m0 2**-1 .. 2**1, ue4m3 1 .. 1.875), which the float64 reference includes.
     """
     from tcemu._src.arch import resolve
-    from tcemu._src.isa.parse import Mma
-    from tcemu._src.numerics.mma import check_arch, resolve_model
     from tcemu._src.numerics.presets import check_model
 
     check_choice("fmt", fmt, tuple(DTYPES))
@@ -180,6 +178,26 @@ def error_vs_k(fmt: str = "f16", arch="H100", ks=tuple(2 ** i for i in range(4, 
     if instruction is not None and not isinstance(instruction, str):
         raise TypeError(f"instruction must be an MMA spelling (str) or None, got {instruction!r}")
     sp = default_instruction(arch_, fmt) if instruction is None else instruction
+    ins = _curve_instruction(sp, fmt, arch_, model)
+    ks, g = _chain_lengths(ins, ks, promotion_interval)
+    steps = ks[-1] // ins.k
+    tiles = -(-outputs // (ins.m * ins.n))  # whole tiles; the statistics use the first ``outputs`` results
+    a = sample(fmt, (tiles, ins.m, ks[-1]), dist, seed)
+    b = sample(fmt, (tiles, ks[-1], ins.n), dist, seed + 1)
+    sa, sb = _block_scales(ins, tiles, steps, seed + 2)
+    got = _run_chain(sp, arch, model, ins, g, fmt, a, b, sa, sb)  # (steps, T, m, n)
+    ref = _reference(ins, a, b, sa, sb)
+    mx, mn = zip(*(_rel_errors(got[k // ins.k - 1], ref[k // ins.k - 1], outputs) for k in ks))
+    name = label or config_label(fmt, arch, promotion_interval)
+    return ErrorCurve(name, fmt, sp, tuple(ks), mx, mn)
+
+
+def _curve_instruction(sp: str, fmt: str, arch, model) -> Mma:
+    """The parsed MMA of :func:`error_vs_k`: inputs of ``fmt``, f32 D, available on ``arch``
+    with a numerics model (the preset or ``model``)."""
+    from tcemu._src.isa.targets import check_arch
+    from tcemu._src.numerics.mma import resolve_model
+
     ins = parse(sp)
     if not isinstance(ins, Mma):
         raise ValueError(f"instruction must be an MMA spelling, got {sp!r}")
@@ -187,40 +205,57 @@ def error_vs_k(fmt: str = "f16", arch="H100", ks=tuple(2 ** i for i in range(4, 
         raise ValueError(f"{sp!r} takes {ins.atype}/{ins.btype} inputs, not fmt={fmt!r}")
     if ins.dtype != "f32":
         raise ValueError(f"error_vs_k needs an instruction with f32 D, got {sp!r}")
-    check_arch(ins, arch_)
-    resolve_model(ins, model, arch_)  # the preset or model=, or an error naming model=
+    check_arch(ins, arch)
+    resolve_model(ins, model, arch)  # the preset or model=, or an error naming model=
+    return ins
+
+
+def _chain_lengths(ins: Mma, ks: list[int], promotion_interval: int | None):
+    """The lengths of ``ks`` an ``ins`` chain reaches (multiples of its K; shorter ones dropped)
+    and the promotion interval in instructions (None without promotion)."""
     odd = [k for k in ks if k >= ins.k and k % ins.k]
     if odd:
         raise ValueError(f"ks must be multiples of the instruction's K = {ins.k}, got {odd}")
     ks = [k for k in ks if k >= ins.k]
     if not ks:
         raise ValueError(f"every length in ks is below the instruction's K = {ins.k}")
-    steps = ks[-1] // ins.k
-    if promotion_interval is not None:
-        promotion_interval = check_int("promotion_interval", promotion_interval, 1)
-        if promotion_interval % ins.k:
-            raise ValueError(f"promotion_interval must be a positive multiple of K = {ins.k}, got {promotion_interval}")
-    g = None if promotion_interval is None else promotion_interval // ins.k
-    tiles = -(-outputs // (ins.m * ins.n))  # whole tiles; the statistics use the first ``outputs`` results
-    a = sample(fmt, (tiles, ins.m, ks[-1]), dist, seed)
-    b = sample(fmt, (tiles, ks[-1], ins.n), dist, seed + 1)
+    if promotion_interval is None:
+        return ks, None
+    promotion_interval = check_int("promotion_interval", promotion_interval, 1)
+    if promotion_interval % ins.k:
+        raise ValueError(f"promotion_interval must be a positive multiple of K = {ins.k}, got {promotion_interval}")
+    return ks, promotion_interval // ins.k
+
+
+def _block_scales(ins: Mma, tiles: int, steps: int, seed: int):
+    """Random scale codes near 1 of A (tiles, M, steps * S) and B (tiles, steps * S, N): ue8m0
+    2**-1 .. 2**1, ue4m3 1 .. 1.875 (drawn for every instruction; unscaled ones ignore them)."""
+    S = ins.scale_vec or 1
+    lo, hi = (126, 129) if ins.stype == "ue8m0" else (0x38, 0x40)
+    rng = np.random.default_rng(seed)
+    return tuple(rng.integers(lo, hi, shape).astype(np.uint8)
+                 for shape in ((tiles, ins.m, steps * S), (tiles, steps * S, ins.n)))
+
+
+def _scale_values(codes, stype: str):
+    """Float64 values of ue8m0 or ue4m3 scale codes."""
+    if stype == "ue8m0":
+        return 2.0 ** (codes.astype(np.float64) - 127)
+    return codes.view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+
+
+def _run_chain(sp: str, arch, model, ins: Mma, g: int | None, fmt: str, a, b, sa, sb):
+    """D after every instruction of the chain (steps, tiles, M, N) as float64: ``a`` (tiles, M,
+    K_max) and ``b`` (tiles, K_max, N) cut into instructions along K, each D the next C; with
+    promotion every ``g`` instructions the partial sum joins a float32 total (one RNE addition)."""
+    from tcemu._src.api import mma
+
+    tiles, steps, S = a.shape[0], a.shape[2] // ins.k, ins.scale_vec or 1
     enc = (lambda x: x.view(np.uint8)) if fmt in _CODES else (lambda x: x)  # noqa: E731
     a_s = jnp.asarray(enc(a).reshape(tiles, ins.m, steps, ins.k).transpose(2, 0, 1, 3))  # (steps, T, m, k)
     b_s = jnp.asarray(enc(b).reshape(tiles, steps, ins.k, ins.n).transpose(1, 0, 2, 3))
-    S = ins.scale_vec or 1
-    rng = np.random.default_rng(seed + 2)
-    if ins.stype == "ue8m0":
-        sa, sb = (rng.integers(126, 129, shape).astype(np.uint8) for shape in ((tiles, ins.m, steps * S),
-                                                                               (tiles, steps * S, ins.n)))
-        val = lambda c: 2.0 ** (c.astype(np.float64) - 127)  # noqa: E731
-    else:
-        sa, sb = (rng.integers(0x38, 0x40, shape).astype(np.uint8) for shape in ((tiles, ins.m, steps * S),
-                                                                                 (tiles, steps * S, ins.n)))
-        val = lambda c: c.view(ml_dtypes.float8_e4m3fn).astype(np.float64)  # noqa: E731
     sa_s = jnp.asarray(sa.reshape(tiles, ins.m, steps, S).transpose(2, 0, 1, 3))
     sb_s = jnp.asarray(sb.reshape(tiles, steps, S, ins.n).transpose(1, 0, 2, 3))
-
-    from tcemu._src.api import mma
 
     def f32_add(x, y):
         bits = engine.add(jax.lax.bitcast_convert_type(x, jnp.uint32), jax.lax.bitcast_convert_type(y, jnp.uint32))
@@ -242,22 +277,25 @@ def error_vs_k(fmt: str = "f16", arch="H100", ks=tuple(2 ** i for i in range(4, 
 
         return jax.lax.scan(step, (zero, zero, jnp.int32(0)), (a_s, b_s, sa_s, sb_s))[1]
 
-    got = np.asarray(run(a_s, b_s, sa_s, sb_s), np.float64)  # (steps, T, m, n)
+    return np.asarray(run(a_s, b_s, sa_s, sb_s), np.float64)
+
+
+def _reference(ins: Mma, a, b, sa, sb):
+    """Float64 partial dot products after every instruction (steps, tiles, M, N), scales included."""
+    tiles, steps = a.shape[0], a.shape[2] // ins.k
     av, bv = a.astype(np.float64), b.astype(np.float64)
     if ins.scale_vec:
         blk = ins.scale_block
-        av = av * np.repeat(val(sa), blk, axis=2)
-        bv = bv * np.repeat(val(sb), blk, axis=1)
+        av = av * np.repeat(_scale_values(sa, ins.stype), blk, axis=2)
+        bv = bv * np.repeat(_scale_values(sb, ins.stype), blk, axis=1)
     parts = np.einsum("tmsk,tskn->stmn", av.reshape(tiles, ins.m, steps, ins.k), bv.reshape(tiles, steps, ins.k, ins.n))
-    ref = np.cumsum(parts, axis=0)
-    mx, mn = [], []
-    for k in ks:
-        i = k // ins.k - 1
-        rel = (np.abs(got[i] - ref[i]) / np.maximum(np.abs(ref[i]), np.finfo(np.float64).tiny)).reshape(-1)[:outputs]
-        mx.append(float(rel.max()))
-        mn.append(float(rel.mean()))
-    name = label or config_label(fmt, arch, promotion_interval)
-    return ErrorCurve(name, fmt, sp, tuple(ks), tuple(mx), tuple(mn))
+    return np.cumsum(parts, axis=0)
+
+
+def _rel_errors(got, ref, outputs: int):
+    """(max, mean) relative error of the first ``outputs`` results ``got`` against float64 ``ref``."""
+    rel = (np.abs(got - ref) / np.maximum(np.abs(ref), np.finfo(np.float64).tiny)).reshape(-1)[:outputs]
+    return float(rel.max()), float(rel.mean())
 
 
 def fp32_chain_error(fmt: str = "f16", ks=tuple(2 ** i for i in range(4, 15)), *, outputs: int = 512,
@@ -275,14 +313,9 @@ def fp32_chain_error(fmt: str = "f16", ks=tuple(2 ** i for i in range(4, 15)), *
     prods = a[:, :, None] * b[None, :, :]  # exact
     acc = np.cumsum(prods, axis=1, dtype=np.float32)  # sequential float32 additions
     ref = np.cumsum(prods.astype(np.float64), axis=1)
-    tiny = np.finfo(np.float64).tiny
-    mx, mn = [], []
-    for k in ks:
-        rel = np.abs(acc[:, k - 1].astype(np.float64) - ref[:, k - 1]) / np.maximum(np.abs(ref[:, k - 1]), tiny)
-        rel = rel.reshape(-1)[:outputs]  # the first ``outputs`` of the rows x cols dot products
-        mx.append(float(rel.max()))
-        mn.append(float(rel.mean()))
-    return ErrorCurve(f"fp32 FMA chain ({fmt})", fmt, "fma.rn.f32", tuple(ks), tuple(mx), tuple(mn))
+    # the first ``outputs`` of the rows x cols dot products
+    mx, mn = zip(*(_rel_errors(acc[:, k - 1].astype(np.float64), ref[:, k - 1], outputs) for k in ks))
+    return ErrorCurve(f"fp32 FMA chain ({fmt})", fmt, "fma.rn.f32", tuple(ks), mx, mn)
 
 
 def curves_table(curves, ks=(16, 64, 256, 1024, 4096, 16384), width: int = 34) -> list[str]:

@@ -19,8 +19,9 @@ import numpy as np
 
 from tcemu._src import memory as memmod
 from tcemu._src.arch import Arch
-from tcemu._src.isa.parse import MatrixMove, Unsupported
-from tcemu._src.isa.wmma import Instruction, check_regs, pack_values, register_indices, unpack_values
+from tcemu._src.isa.fragments import pack_values, unpack_values
+from tcemu._src.isa.instructions import MatrixMove, Unsupported
+from tcemu._src.isa.registers import Instruction, check_regs, register_indices
 from tcemu._src.layouts.fragment import Fragment
 from tcemu._src.layouts.mma import MATRIX_MOVE
 

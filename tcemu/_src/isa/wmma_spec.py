@@ -1,6 +1,7 @@
 """PTX ISA facts for the wmma instructions (PTX ISA section 9.7.14.4), as plain data.
 
-Nothing here imports JAX: the hardware capture harness reads these tables too.
+The hardware capture harness reads these tables too. ``ELEMENT_BITS`` (register bits of each
+element type) is :data:`tcemu._src.formats.ELEMENT_BITS`.
 
 * ``SHAPES``: (M, N, K) of each ``.shape``.
 * ``LOAD_TYPES``: the element types each matrix (a, b, c) may have per shape.
@@ -10,6 +11,8 @@ Nothing here imports JAX: the hardware capture harness reads these tables too.
 * ``MMA_FORMS``: every ``wmma.mma`` type signature (d, a, b, c) per shape.
 """
 from __future__ import annotations
+
+from tcemu._src.formats import ELEMENT_BITS  # noqa: F401 (the harness reads it here)
 
 SHAPES: dict[str, tuple[int, int, int]] = {
     "m16n16k16": (16, 16, 16),
@@ -21,10 +24,6 @@ SHAPES: dict[str, tuple[int, int, int]] = {
     "m8n8k128": (8, 8, 128),
 }
 
-ELEMENT_BITS: dict[str, int] = {
-    "f16": 16, "bf16": 16, "tf32": 32, "f32": 32, "f64": 64,
-    "s8": 8, "u8": 8, "s4": 4, "u4": 4, "b1": 1, "s32": 32,
-}
 
 _HALF = ("m16n16k16", "m32n8k16", "m8n32k16")
 
@@ -70,7 +69,6 @@ MIN_SM_FOR_TYPE: dict[str, int] = {
     "bf16": 80, "tf32": 80, "f64": 80,
 }
 MIN_SM_FOR_SHAPE: dict[str, int] = {"m16n16k8": 80, "m8n8k4": 80}
-MIN_SM_FOR_AND_POPC = 80
 
 
 def matrix_dims(shape: str, matrix: str) -> tuple[int, int]:

@@ -14,7 +14,7 @@ PTX leaves wmma fragments "unspecified and architecture dependent", so these are
   Raihan, Goli & Aamodt, "Modeling Deep Learning Accelerator Enabled GPUs" (ISPASS 2019, Fig. 7;
   B as corrected in ucb-bar/radiance-kernels sgemm_tcore), cross-checked against the code
   NVIDIA's ptxas 12.4 generates for ``wmma.load``/``wmma.store`` on ``.target sm_70``
-  (``experiments/volta_sass``, tables in ``tests/data/wmma_layouts_sm70_ptxas.npz``). Volta
+  (tables in ``tests/data/wmma_layouts_sm70_ptxas.npz``; how: README.md, Evidence). Volta
   fragments of A and B depend on ``.row``/``.col``, so the key includes the layout.
 
 Each entry: (lane_bases for lane bits 0..4, value_bases for value-index bits).

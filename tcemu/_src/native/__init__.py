@@ -29,177 +29,24 @@ Example::
 """
 from __future__ import annotations
 
-import ctypes
-import hashlib
 import os
-import platform
-import subprocess
-import tempfile
-import threading
-import warnings
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from tcemu._src import formats as fm
+from tcemu._src.native.build import GROUPED, TARGET, _error, _gpu, _nvcc, _state, available, available_gpu  # noqa: F401
 from tcemu._src.numerics import engine
+from tcemu._src.numerics.backends import Kernel, register
 
-_SOURCE = Path(__file__).with_name("blockfma.cc")
-_GPU_SOURCE = Path(__file__).with_name("blockfma_gpu.cu")
-_HEADER = Path(__file__).with_name("blockfma.h")  # what the two kernels share
 _GPU_MAX_BLOCK = 32  # blockfma_gpu.cu's kLmax: the longest block its shared-memory tiles hold
 _GPU_MAX_GROUPED_BLOCK = 64  # its kGLmax: the same for the grouped model
-_TARGET = "tcemu_blockfma_chains"
-_GROUPED = "tcemu_grouped_chains"
 _MODES = {"rz": 0, "rne": 1, "rna": 2, "ru": 3, "rd": 4}
 # formats whose exact values have float32 products far from the float32 range limits
 _SAFE = ("f16", "e4m3", "e5m2", "e3m2", "e2m3", "e2m1")
 _KIND_SAFE, _KIND_HYBRID = 1, 2  # blockfma.cc's Kind: exact values always, or where a block allows
 _BIG = engine._BIG  # the engine's exponent sentinels (zero: -_BIG // 4, NaN/inf: _BIG)
-
-_lock = threading.Lock()
-_state: dict = {}
-
-
-def _setting() -> str:
-    env = os.environ.get("TCEMU_NATIVE", "auto")
-    if env not in ("0", "1", "auto"):
-        raise ValueError(f"TCEMU_NATIVE={env!r}; valid: 0 (off), 1 (required), auto")
-    return env
-
-
-def _cache_dir() -> Path:
-    env = os.environ.get("TCEMU_CACHE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tcemu"
-
-
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def _compile(compiler: str, flags: list[str], source: Path, key_parts: list[bytes]) -> Path:
-    """``source`` compiled by ``compiler`` into a shared library in the cache (once: named by the
-    sources, the shared header, jaxlib, the command and ``key_parts``)."""
-    import jaxlib
-
-    key = hashlib.sha256(b"\0".join([source.read_bytes(), _HEADER.read_bytes(), jaxlib.__version__.encode(),
-                                     " ".join([compiler] + flags).encode(), *key_parts])).hexdigest()[:16]
-    out = _cache_dir() / f"{source.stem}-{key}.so"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        tmp_out = Path(tmp) / out.name
-        cmd = [compiler, *flags, f"-I{jax.ffi.include_dir()}", str(source), "-o", str(tmp_out)]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode:
-            raise RuntimeError(f"{' '.join(cmd)} failed:\n{res.stderr[-2000:]}")
-        os.replace(tmp_out, out)  # atomic: concurrent builds all end with one complete file
-    return out
-
-
-def _build() -> Path:
-    """Compile blockfma.cc for this machine (once; cached by source, jaxlib and CPU)."""
-    # -ffp-contract=fast: the kernel's float products are exact (its sums of products may fuse)
-    flags = ["-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC", "-pthread",
-             "-Wno-psabi"]
-    return _compile(os.environ.get("CXX", "c++"), flags, _SOURCE,
-                    [platform.machine().encode(), _cpu_flags().encode()])
-
-
-def _nvcc() -> str | None:
-    """The CUDA compiler: ``$TCEMU_NVCC``, ``$CUDA_HOME/bin/nvcc``, ``nvcc`` on the PATH, or the
-    default CUDA install's."""
-    import shutil
-
-    for cand in (os.environ.get("TCEMU_NVCC"),
-                 *(os.path.join(os.environ[v], "bin", "nvcc") for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)),
-                 shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
-        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
-            return cand
-    return None
-
-
-def _capability() -> str:
-    """The compute capability of the first CUDA device, as nvcc spells it (``90`` for sm_90)."""
-    cc = getattr(jax.devices("gpu")[0], "compute_capability", None)
-    if not cc:
-        raise RuntimeError("the GPU reports no compute capability (not a CUDA device)")
-    return str(cc).replace(".", "")
-
-
-def _build_gpu() -> Path:
-    """Compile blockfma_gpu.cu for this machine's GPU (once; cached by source, jaxlib, nvcc, GPU)."""
-    nvcc = _nvcc()
-    if nvcc is None:
-        raise RuntimeError("no nvcc found (set TCEMU_NVCC or CUDA_HOME)")
-    sm = _capability()
-    flags = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{sm},code=sm_{sm}"]
-    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
-    return _compile(nvcc, flags, _GPU_SOURCE, [version.encode()])
-
-
-def _gpu() -> bool:
-    """Whether the default backend is XLA's CUDA backend."""
-    if jax.default_backend() != "gpu":
-        return False
-    return "cuda" in jax.devices()[0].client.platform_version.lower()
-
-
-def _load(which: str, build, targets: dict[str, str], platform_name: str) -> bool:
-    """Build (once) and register kernel ``which`` ("CPU" or "GPU"): its FFI handlers ``targets``
-    (registered name: symbol) for ``platform_name``; a failure warns and leaves the pure-JAX path
-    (``TCEMU_NATIVE=1``: raises)."""
-    setting = _setting()
-    if setting == "0":
-        return False
-    with _lock:
-        if which not in _state:
-            try:
-                lib = ctypes.CDLL(str(build()))
-                for name, symbol in targets.items():
-                    jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)), platform=platform_name)
-                _state[which] = (True, lib)
-            except Exception as e:  # noqa: BLE001 - any build or load failure means: use the JAX path
-                _state[which] = (False, f"{type(e).__name__}: {e}")
-                if setting == "1":
-                    raise RuntimeError(f"TCEMU_NATIVE=1 but the {which} kernel could not be built: {_state[which][1]}")
-                warnings.warn(f"tcemu: {which} kernel unavailable, using the slower pure-JAX path ({_state[which][1]})",
-                              RuntimeWarning, stacklevel=4)
-    return _state[which][0]
-
-
-def _error(which: str) -> str:
-    ok, detail = _state.get(which, (False, "TCEMU_NATIVE=0"))
-    return "TCEMU_NATIVE=0" if ok else detail
-
-
-def available() -> bool:
-    """Whether the compiled CPU kernel is built and registered (building it on the first call)."""
-    return _load("CPU", _build, {_TARGET: _TARGET, _GROUPED: _GROUPED}, "cpu")
-
-
-def available_gpu() -> bool:
-    """Whether the GPU kernel is built and registered for the CUDA backend (building it on the
-    first call)."""
-    return _load("GPU", _build_gpu, {_TARGET: "tcemu_blockfma_chains_gpu", _GROUPED: "tcemu_grouped_chains_gpu"},
-                 "CUDA")
-
-
-def _cpu() -> bool:
-    return jax.default_backend() == "cpu"
 
 
 def supports(model, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, k: int, acc: str) -> bool:
@@ -222,17 +69,22 @@ def supports_grouped(model, k: int) -> bool:
             and L // model.scale_group <= 8 and model.fraction_bits <= 40)
 
 
-def use(model, afmt, bfmt, k: int, acc: str, *, gemm: bool = False) -> bool:
-    """:func:`supports` (:func:`supports_grouped` for grouped models) on the CPU backend with the
-    kernel available; on the CUDA backend, for GEMMs (``gemm``) whose blocks its tiles hold, the
-    same with the GPU kernel available."""
-    grouped = model.scale_group is not None
-    if not (acc == "f32" and supports_grouped(model, k) if grouped else supports(model, afmt, bfmt, k, acc)):
-        return False
-    if _cpu():
-        return available()
-    longest = _GPU_MAX_GROUPED_BLOCK if grouped else _GPU_MAX_BLOCK
-    return gemm and min(model.block_size, k) <= longest and _gpu() and available_gpu()
+def _covers(model, afmt, bfmt, k: int, acc: str) -> bool:
+    """:func:`supports`, or :func:`supports_grouped` for grouped models (f32 accumulation)."""
+    if model.scale_group is not None:
+        return acc == "f32" and supports_grouped(model, k)
+    return supports(model, afmt, bfmt, k, acc)
+
+
+def _accepts_cpu(model, afmt, bfmt, k: int, acc: str, gemm: bool) -> bool:
+    return _covers(model, afmt, bfmt, k, acc) and available()
+
+
+def _accepts_gpu(model, afmt, bfmt, k: int, acc: str, gemm: bool) -> bool:
+    """GEMMs only, whose blocks the GPU kernel's shared-memory tiles hold."""
+    longest = _GPU_MAX_GROUPED_BLOCK if model.scale_group is not None else _GPU_MAX_BLOCK
+    return (gemm and _covers(model, afmt, bfmt, k, acc) and min(model.block_size, k) <= longest and _gpu()
+            and available_gpu())
 
 
 def lanes() -> int:
@@ -253,6 +105,20 @@ def _format(fmt: fm.FloatFormat) -> int:
     has_nan << 25."""
     return (fmt.exponent_bits | fmt.fraction_bits << 8 | fmt.shift << 16 | int(fmt.has_inf) << 24
             | int(fmt.has_nan) << 25)
+
+
+def _chain_attrs(model, afmt, bfmt, *, k, chain_k, kind, scaled, has, scale_block, transposed) -> dict:
+    """The chains kernel's attributes: the model, the operand formats and the call's layout."""
+    zpol = model.zero_exponent is not None and afmt.emin + bfmt.emin - (254 if scaled else 0) < model.zero_exponent
+    L = min(model.block_size, k)
+    return dict(chain_k=chain_k, block=L, F=model.fraction_bits, group=max(1, min(L, 1 << (29 - model.fraction_bits))),
+                kind=kind, ab_shift=afmt.fraction_bits + bfmt.fraction_bits, zero_policy=int(zpol),
+                zero_exp=-_BIG if model.zero_exponent is None else model.zero_exponent,
+                has_min_exp=int(model.min_exponent is not None), min_exp=model.min_exponent or 0,
+                mode=_MODES[model.rounding], p=model.accumulator_fraction_bits,
+                subnormals=int(model.subnormal_outputs), overflow_ieee=int(model.overflow == "ieee"),
+                flush_c=int(not model.subnormal_inputs), a_format=_format(afmt), b_format=_format(bfmt), **has,
+                scale_block=scale_block if scaled else 0, threads=_threads(), transposed=int(transposed))
 
 
 def chains(a_bits, b_bits, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, model, *, k: int, chain_k: int, lens,
@@ -312,17 +178,8 @@ def chains(a_bits, b_bits, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, model, *,
             return x
         return jnp.broadcast_to(x, batch + x.shape[-2:])
 
-    zpol = model.zero_exponent is not None and afmt.emin + bfmt.emin - (254 if scaled else 0) < model.zero_exponent
-    L = min(model.block_size, k)
-    attrs = dict(chain_k=chain_k, block=L, F=model.fraction_bits, group=max(1, min(L, 1 << (29 - model.fraction_bits))),
-                 kind=kind,
-                 ab_shift=afmt.fraction_bits + bfmt.fraction_bits, zero_policy=int(zpol),
-                 zero_exp=-_BIG if model.zero_exponent is None else model.zero_exponent,
-                 has_min_exp=int(model.min_exponent is not None), min_exp=model.min_exponent or 0,
-                 mode=_MODES[model.rounding], p=model.accumulator_fraction_bits,
-                 subnormals=int(model.subnormal_outputs), overflow_ieee=int(model.overflow == "ieee"),
-                 flush_c=int(not model.subnormal_inputs), a_format=_format(afmt), b_format=_format(bfmt), **has,
-                 scale_block=scale_block if scaled else 0, threads=_threads(), transposed=int(narrow))
+    attrs = _chain_attrs(model, afmt, bfmt, k=k, chain_k=chain_k, kind=kind, scaled=scaled, has=has,
+                         scale_block=scale_block, transposed=narrow)
     # the words travel typed float32: XLA cancels a bitcast from float32 and back (no copy)
     words = lambda x: jax.lax.bitcast_convert_type(x.astype(jnp.uint32), jnp.float32)  # noqa: E731
     args = (jnp.asarray(lens, jnp.int32), words(full(a_bits, a_exp)), words(full(b_bits, b_exp)),
@@ -333,7 +190,7 @@ def chains(a_bits, b_bits, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, model, *,
         na, nb = (int(np.prod(x.shape[:-2], dtype=np.int64)) for x in args[1:3])
         words_needed = (2 if kind == _KIND_SAFE else 3) * K * (na * _pad4(M) + nb * _pad4(N)) + 4
         results.append(jax.ShapeDtypeStruct((words_needed,), jnp.int32))
-    call = jax.ffi.ffi_call(_TARGET, tuple(results), vmap_method="broadcast_all")
+    call = jax.ffi.ffi_call(TARGET, tuple(results), vmap_method="broadcast_all")
     out = call(*args, **{name: np.int64(v) for name, v in attrs.items()})[0]
     return jax.lax.bitcast_convert_type(out, jnp.uint32)
 
@@ -380,15 +237,20 @@ def grouped_chains(a_bits, b_bits, sa: fm.Scale, sb: fm.Scale, model, *, k: int,
             return jnp.sum(bits, axis=1, dtype=jnp.uint32)
 
         rows, cols = ((0, 0), (0, Mp - M)), ((0, 0), (0, Np - N))
-        call = jax.ffi.ffi_call(_GROUPED, jax.ShapeDtypeStruct((K // chain_k, M, N), jnp.uint32),
+        call = jax.ffi.ffi_call(GROUPED, jax.ShapeDtypeStruct((K // chain_k, M, N), jnp.uint32),
                                 vmap_method="sequential")
         return call(lens, jnp.pad(va.T, rows), i32(sa.exp.T, rows), jnp.pad(masks(va.T), rows), jnp.pad(vb, cols),
                     i32(sb.exp, cols), jnp.pad(masks(vb), cols), **{name: np.int64(v) for name, v in attrs.items()})
     Mp, Np = _pad4(M), -(-N // 16) * 16  # blockfma.cc: rows by 4, columns by its widest vector
     rows, cols = ((0, Mp - M), (0, 0)), ((0, 0), (0, Np - N))
-    call = jax.ffi.ffi_call(_GROUPED, jax.ShapeDtypeStruct((K // chain_k, Mp, Np), jnp.uint32),
+    call = jax.ffi.ffi_call(GROUPED, jax.ShapeDtypeStruct((K // chain_k, Mp, Np), jnp.uint32),
                             vmap_method="sequential")
     out = call(lens, jnp.pad(values(a_bits), rows), i32(sa.sig, rows),
                i32(sa.exp, rows), jnp.pad(values(b_bits), cols), i32(sb.sig, cols), i32(sb.exp, cols),
                **{name: np.int64(v) for name, v in attrs.items()})
     return out[:, :M, :N]
+
+
+register(Kernel("CPU kernel", "cpu", _accepts_cpu, chains, grouped_chains, lambda K, M, N: True, scale_per_block=True))
+# the GPU kernel's exponents per block have not run on a GPU: it reads one per element
+register(Kernel("GPU kernel", "gpu", _accepts_gpu, chains, grouped_chains, gpu_fits, scale_per_block=False))

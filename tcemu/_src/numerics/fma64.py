@@ -112,17 +112,51 @@ def _decode(bits):
     return sign, exp, sig, nan, inf
 
 
+def _product(ma, mb):
+    """The exact 106-bit product of two 53-bit significands as (high, low) words."""
+    al, ah = ma & _U(MASK32), ma >> _U(32)
+    bl, bh = mb & _U(MASK32), mb >> _U(32)
+    ll, mid, hh = al * bl, al * bh + ah * bl, ah * bh
+    p0 = ll + (mid << _U(32))
+    return hh + (mid >> _U(32)) + (p0 < ll).astype(_U), p0
+
+
+def _round(R, L, sign, sticky, mode):
+    """The 192-bit magnitude ``R`` (units of 2**L, with a sticky tail below) rounded once to
+    binary64 in ``mode``, overflow included: (bits, R is nonzero)."""
+    r2, r1, r0 = R
+    nz = (r2 | r1 | r0) != 0
+    pos = jnp.where(r2 != 0, 191 - _clz64(r2), jnp.where(r1 != 0, 127 - _clz64(r1), 63 - _clz64(r0)))
+    x = jnp.maximum(L + pos, -1022)
+    sh = x - 52 - L  # bit index (in R) of the result's least significant bit
+    n = _shift3(R, -sh)[0][2]
+    rbit_w, below = _shift3(R, -(sh - 1))  # round bit at bit 0; below: any lower bit set
+    rbit = (rbit_w[2] & _U(1)) != 0
+    st = below | sticky
+    neg = sign != 0
+    inexact = rbit | st
+    inc = {"rn": rbit & (st | ((n & _U(1)) != 0)), "rz": jnp.zeros_like(rbit),
+           "rm": inexact & neg, "rp": inexact & ~neg}[mode]
+    n = n + inc.astype(_U)
+    carry = (n >> _U(53)) != 0
+    n = jnp.where(carry, n >> _U(1), n)
+    x = x + carry.astype(jnp.int32)
+    normal = (n >> _U(52)) != 0
+    biased = jnp.where(normal, x + 1023, 0).astype(_U)
+    sbit = neg.astype(_U) << _U(63)
+    out = sbit | (biased << _U(52)) | (n & _U((1 << 52) - 1))
+    inf_bits = sbit | _U(0x7FF << 52)
+    max_bits = sbit | _U(0x7FEFFFFFFFFFFFFF)
+    to_inf = {"rn": jnp.ones_like(neg), "rz": jnp.zeros_like(neg), "rm": neg, "rp": ~neg}[mode]
+    return jnp.where(nz & (x > 1023), jnp.where(to_inf, inf_bits, max_bits), out), nz
+
+
 def _fma(a, b, c, mode, nan_order="bca", default_nan=0xFFF8000000000000):
     """One correctly rounded fma on uint64 bit patterns (broadcasting)."""
     sa, ea, ma, na, ia = _decode(a)
     sb, eb, mb, nb, ib = _decode(b)
     sc, ec, mc, nc, ic = _decode(c)
-    # exact 106-bit product as (p1, p0)
-    al, ah = ma & _U(MASK32), ma >> _U(32)
-    bl, bh = mb & _U(MASK32), mb >> _U(32)
-    ll, mid, hh = al * bl, al * bh + ah * bl, ah * bh
-    p0 = ll + (mid << _U(32))
-    p1 = hh + (mid >> _U(32)) + (p0 < ll).astype(_U)
+    p1, p0 = _product(ma, mb)
     sp = sa ^ sb
     ep = ea + eb - 104  # exponent of the product's bit 0
     ecl = ec - 52
@@ -153,31 +187,7 @@ def _fma(a, b, c, mode, nan_order="bca", default_nan=0xFFF8000000000000):
     s_sub = tuple(jnp.where(sticky, x, y) for x, y in zip(_sub3(s_sub, one), s_sub))
     R = tuple(jnp.where(same, x, y) for x, y in zip(s_add, s_sub))
     sign = jnp.where(same, sp, jnp.where(p_ge, sp, sc))
-    r2, r1, r0 = R
-    nz = (r2 | r1 | r0) != 0
-    pos = jnp.where(r2 != 0, 191 - _clz64(r2), jnp.where(r1 != 0, 127 - _clz64(r1), 63 - _clz64(r0)))
-    x = jnp.maximum(L + pos, -1022)
-    sh = x - 52 - L  # bit index (in R) of the result's least significant bit
-    n = _shift3(R, -sh)[0][2]
-    rbit_w, below = _shift3(R, -(sh - 1))  # round bit at bit 0; below: any lower bit set
-    rbit = (rbit_w[2] & _U(1)) != 0
-    st = below | sticky
-    neg = sign != 0
-    inexact = rbit | st
-    inc = {"rn": rbit & (st | ((n & _U(1)) != 0)), "rz": jnp.zeros_like(rbit),
-           "rm": inexact & neg, "rp": inexact & ~neg}[mode]
-    n = n + inc.astype(_U)
-    carry = (n >> _U(53)) != 0
-    n = jnp.where(carry, n >> _U(1), n)
-    x = x + carry.astype(jnp.int32)
-    normal = (n >> _U(52)) != 0
-    biased = jnp.where(normal, x + 1023, 0).astype(_U)
-    sbit = neg.astype(_U) << _U(63)
-    out = sbit | (biased << _U(52)) | (n & _U((1 << 52) - 1))
-    inf_bits = sbit | _U(0x7FF << 52)
-    max_bits = sbit | _U(0x7FEFFFFFFFFFFFFF)
-    to_inf = {"rn": jnp.ones_like(neg), "rz": jnp.zeros_like(neg), "rm": neg, "rp": ~neg}[mode]
-    out = jnp.where(nz & (x > 1023), jnp.where(to_inf, inf_bits, max_bits), out)
+    out, nz = _round(R, L, sign, sticky, mode)
     # exact zero: IEEE signs (x + -x is +0, or -0 when rounding down; -0 + -0 is -0)
     zsign = jnp.where(sticky, sign, jnp.where(same, sp, 1 if mode == "rm" else 0))
     out = jnp.where(nz | sticky, out, zsign.astype(_U) << _U(63))

@@ -5,7 +5,8 @@ level :func:`tcemu.mma` call, so the two agree bit for bit by construction.
 
 Operand encodings: floating point as uint32 bit patterns of their PTX type (tf32: the float32
 pattern), float64 as uint64 patterns (x64 required), integers as int32 values (s8/s4 sign
-extended, b1 as 0/1); the result in the same encoding for ``.dtype``.
+extended, b1 as 0/1); the result in the same encoding for ``.dtype``. ``ins`` is a parsed MMA
+(:class:`tcemu._src.isa.instructions.Mma`), read by its fields: the numerics do not import the ISA.
 """
 from __future__ import annotations
 
@@ -16,16 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from tcemu._src import formats as fm
-from tcemu._src import native, sharding
-from tcemu._src.arch import resolve
-from tcemu._src.isa.parse import Mma
+from tcemu._src import sharding
 from tcemu._src.numerics import engine, fma64, grouped, integer
+from tcemu._src.numerics.backends import kernel_for
 from tcemu._src.numerics.model import BlockFMA
 from tcemu._src.numerics.presets import ArchNumerics, numerics
-
-_MIN_SM = {("wmma", "f16"): 70, ("wmma", "int"): 72, ("wmma", "b1"): 75, ("wmma", "bf16"): 80,
-           ("wmma", "tf32"): 80, ("wmma", "f64"): 80}
-
 
 def check_key(key, where: str):
     """``key`` if it is one PRNG key (``jax.random.key(...)``, or a legacy uint32[2]
@@ -50,39 +46,7 @@ def check_key(key, where: str):
     raise TypeError(f"{where}: key must be a PRNG key, got {got}; {use}")
 
 
-def check_arch(ins: Mma, arch) -> None:
-    """Raise if ``arch`` lacks the instruction (PTX ISA "Target ISA Notes")."""
-    from tcemu._src.isa.parse import MMA_SYNC_MIN_SM
-
-    a = resolve(arch)
-    if ins.kind == "wmma":
-        fam = "int" if ins.atype in ("s8", "u8") else ("b1" if ins.atype in ("s4", "u4", "b1") else ins.family)
-        need = _MIN_SM[("wmma", fam)]
-        if ins.op == "and":
-            need = 80
-    elif ins.kind == "wgmma":
-        need = 90
-        if a.sm != 90:
-            raise ValueError(f"{ins.spelling!r}: wgmma exists only on sm_90 (Hopper), not {a}")
-    elif ins.kind == "tcgen05":
-        need = 100
-        if a.sm != 100:
-            raise ValueError(f"{ins.spelling!r}: tcgen05.mma exists only on sm_100 (B200), not {a}")
-    elif ins.ptx_kind is not None:
-        need = 120
-        if a.sm != 120:
-            raise ValueError(f"{ins.spelling!r}: mma.sync .kind::{ins.ptx_kind} exists only on sm_120 "
-                             f"(RTX 50 / RTX PRO Blackwell), not {a}")
-    else:
-        fam = {"int": "int4" if ins.atype in ("s4", "u4") else "int8"}.get(ins.family, ins.family)
-        need = MMA_SYNC_MIN_SM[fam]
-        if ins.shape in ("m16n8k4", "m16n8k8", "m16n8k16") and ins.family == "f64":
-            need = 90
-    if a.sm < need:
-        raise ValueError(f"{ins.spelling!r} requires sm_{need} or newer; {a} does not have it")
-
-
-def resolve_model(ins: Mma, model, arch) -> BlockFMA:
+def resolve_model(ins, model, arch) -> BlockFMA:
     """The :class:`BlockFMA` for a floating-point instruction: ``model`` if it is one, else the
     ``ArchNumerics`` given (or the preset of ``arch``)."""
     if isinstance(model, BlockFMA):
@@ -102,7 +66,7 @@ def resolve_model(ins: Mma, model, arch) -> BlockFMA:
     return m
 
 
-def _float_plan(ins: Mma, m: BlockFMA):
+def _float_plan(ins, m: BlockFMA):
     """(accumulator, C format, widen C to f32?, narrow D to f16?) of a floating-point MMA."""
     if ins.ctype == ins.dtype and not (ins.dtype == "f16" and m.f16_accumulation == "f32"):
         return ins.dtype, fm.FORMATS[ins.ctype], False, False
@@ -110,7 +74,7 @@ def _float_plan(ins: Mma, m: BlockFMA):
     return "f32", fm.F32, ins.ctype == "f16", ins.dtype == "f16"
 
 
-def mma_bits(ins: Mma, a, b, c, model, *, arch="sm_90", key=None, scale_a=None, scale_b=None,
+def mma_bits(ins, a, b, c, model, *, arch="sm_90", key=None, scale_a=None, scale_b=None,
              over_devices: bool = False):
     """``D = A @ B + C`` of instruction ``ins`` on encoded operands (see module docstring);
     block-scaled kinds take ``scale_a`` (..., M, K / block) and ``scale_b`` (..., K / block, N)
@@ -127,35 +91,36 @@ def mma_bits(ins: Mma, a, b, c, model, *, arch="sm_90", key=None, scale_a=None, 
     m = resolve_model(ins, model, arch)
     if ins.scale_vec is not None:
         return _scaled(ins, m, a, b, c, scale_a, scale_b, key, over_devices)
-    if _native_ok(ins, m):
-        return _native(ins, m, a, b, c, over_devices=over_devices)
+    kernel = _kernel(ins, m)
+    if kernel is not None:
+        return _native(kernel, ins, m, a, b, c, over_devices=over_devices)
     prep = engine.prepare(a, fm.FORMATS[ins.atype], b, fm.FORMATS[ins.btype], m)
     return _float_prepared(ins, m, prep, c, key)
 
 
-def _native_ok(ins: Mma, m: BlockFMA) -> bool:
-    """Whether the compiled CPU kernel (tcemu/_src/native) computes this instruction's numerics:
-    float32 accumulation, a model it covers, on the CPU backend."""
+def _kernel(ins, m: BlockFMA):
+    """The compiled kernel that computes this instruction's numerics (float32 accumulation, a
+    model it covers; :func:`~tcemu._src.numerics.backends.kernel_for`), or None."""
     if ins.family in ("int", "b1", "f64") or m.scale_group is not None or m.addend_rounding == "stochastic":
-        return False
-    return native.use(m.replace(addend="first"), fm.FORMATS[ins.atype], fm.FORMATS[ins.btype], ins.k,
+        return None
+    return kernel_for(m.replace(addend="first"), fm.FORMATS[ins.atype], fm.FORMATS[ins.btype], ins.k,
                       _float_plan(ins, m)[0])
 
 
-def _native(ins: Mma, m: BlockFMA, a, b, c, a_exp=None, b_exp=None, scale_block=0, over_devices=False):
-    """:func:`_float_prepared` on the compiled kernel: one chain of K from C (``addend="last"``:
+def _native(kernel, ins, m: BlockFMA, a, b, c, a_exp=None, b_exp=None, scale_block=0, over_devices=False):
+    """:func:`_float_prepared` on the compiled ``kernel``: one chain of K from C (``addend="last"``:
     from +0, then one addition of C), over every leading batch axis in one call (``over_devices``:
     each device on its shard of them); ``a_exp`` / ``b_exp`` exponents per element, or per block
     of ``scale_block`` elements."""
-    def kernel(a, b, c, a_exp, b_exp):
-        return native.chains(a, b, fm.FORMATS[ins.atype], fm.FORMATS[ins.btype], m.replace(addend="first"), k=ins.k,
-                             chain_k=ins.k, lens=[ins.k], a_exp=a_exp, b_exp=b_exp, c=c,
+    def call(a, b, c, a_exp, b_exp):
+        return kernel.chains(a, b, fm.FORMATS[ins.atype], fm.FORMATS[ins.btype], m.replace(addend="first"),
+                             k=ins.k, chain_k=ins.k, lens=[ins.k], a_exp=a_exp, b_exp=b_exp, c=c,
                              scale_block=scale_block)[..., 0, :, :]
 
-    def dot(c, cfmt, acc):  # acc is "f32" here (_native_ok)
+    def dot(c, cfmt, acc):  # acc is "f32" here (_kernel)
         last = m.addend == "last"
         args = (a, b, None if last else c, a_exp, b_exp)
-        d = sharding.over_batch(kernel, *args) if over_devices else kernel(*args)
+        d = sharding.over_batch(call, *args) if over_devices else call(*args)
         if last:
             d = engine._add(d, fm.F32, c, cfmt, m, out=engine.accumulator_format(m, acc), mode=m.addend_rounding)
         return d
@@ -163,7 +128,7 @@ def _native(ins: Mma, m: BlockFMA, a, b, c, a_exp=None, b_exp=None, scale_block=
     return _with_c_and_d(ins, m, c, dot)
 
 
-def _scaled(ins: Mma, m: BlockFMA, a, b, c, scale_a, scale_b, key, over_devices=False):
+def _scaled(ins, m: BlockFMA, a, b, c, scale_a, scale_b, key, over_devices=False):
     """Block-scaled kinds: scale exponents added to the products (mxf8f6f4, ue8m0 scales) or
     grouped products (mxf4, mxf4nvf4); a NaN scale makes the outputs it touches NaN."""
     sa, sb = fm.decode_scale(scale_a, ins.stype), fm.decode_scale(scale_b, ins.stype)
@@ -172,8 +137,9 @@ def _scaled(ins: Mma, m: BlockFMA, a, b, c, scale_a, scale_b, key, over_devices=
         d = grouped.grouped_dot(jnp.asarray(a).astype(jnp.uint32), jnp.asarray(b).astype(jnp.uint32), c, sa, sb,
                                 blk, m)
     else:  # ue8m0: a power of two per block, added to the exponents of its elements
-        if _native_ok(ins, m):
-            d = _native(ins, m, a, b, c, sa.exp, sb.exp, scale_block=blk, over_devices=over_devices)
+        kernel = _kernel(ins, m)
+        if kernel is not None:
+            d = _native(kernel, ins, m, a, b, c, sa.exp, sb.exp, scale_block=blk, over_devices=over_devices)
         else:
             a_exp, b_exp = jnp.repeat(sa.exp, blk, axis=-1), jnp.repeat(sb.exp, blk, axis=-2)
             prep = engine.prepare(a, fm.FORMATS[ins.atype], b, fm.FORMATS[ins.btype], m, a_exp=a_exp, b_exp=b_exp)
@@ -182,7 +148,7 @@ def _scaled(ins: Mma, m: BlockFMA, a, b, c, scale_a, scale_b, key, over_devices=
     return jnp.where(nan, jnp.uint32(fm.F32.canonical_nan), d)
 
 
-def _with_c_and_d(ins: Mma, m: BlockFMA, c, dot):
+def _with_c_and_d(ins, m: BlockFMA, c, dot):
     """``dot(c, C format, accumulator)`` with C widened first (``.f32.f16``) and D narrowed after
     (``.f16.f32``), as :func:`_float_plan` says."""
     acc, cfmt, widen, narrow = _float_plan(ins, m)
@@ -193,7 +159,7 @@ def _with_c_and_d(ins: Mma, m: BlockFMA, c, dot):
     return engine.convert(d, fm.F32, fm.F16, "rne") if narrow else d
 
 
-def _float_prepared(ins: Mma, m: BlockFMA, prep, c, key, min_scale_exp: int = 0):
+def _float_prepared(ins, m: BlockFMA, prep, c, key, min_scale_exp: int = 0):
     return _with_c_and_d(ins, m, c, lambda c, cfmt, acc: engine.fused_dot_prepared(
         prep, fm.FORMATS[ins.atype], fm.FORMATS[ins.btype], c, cfmt, m, acc=acc, key=key, min_scale_exp=min_scale_exp))
 
@@ -207,7 +173,7 @@ def chunk_terms() -> int:
     return 1 << 23 if jax.default_backend() == "cpu" else 1 << 29
 
 
-def mma_bits_batched(ins: Mma, a, b, c, model, *, arch="sm_90", key=None, scale_a=None, scale_b=None,
+def mma_bits_batched(ins, a, b, c, model, *, arch="sm_90", key=None, scale_a=None, scale_b=None,
                      over_devices: bool = False):
     """:func:`mma_bits` over leading batch axes (already broadcast), in chunks of tiles run by a
     ``lax.scan``: the operands are decoded once outside the loop (the loop boundary keeps XLA
@@ -219,7 +185,7 @@ def mma_bits_batched(ins: Mma, a, b, c, model, *, arch="sm_90", key=None, scale_
         T *= s
     per = max(1, chunk_terms() // (ins.m * ins.n * ins.k))
     m = None if ins.family in ("int", "b1", "f64") else resolve_model(ins, model, arch)
-    if T <= per or (m is not None and m.scale_group is None and _native_ok(ins, m)):  # the kernel takes any batch
+    if T <= per or (m is not None and m.scale_group is None and _kernel(ins, m) is not None):  # the kernel takes any batch
         return mma_bits(ins, a, b, c, model, arch=arch, key=key, scale_a=scale_a, scale_b=scale_b,
                         over_devices=over_devices)
     n = -(-T // per)

@@ -96,7 +96,7 @@ FFMA_M8N8K4_F16 = BlockFMA(fraction_bits=26, block_size=2, rounding="rne", stick
 
 def _volta(name="sm_70", notes="") -> ArchNumerics:
     m = BlockFMA(fraction_bits=23, block_size=4)  # [F21] no guard digits, 4 + c; [KM25] [MS25] [PV]
-    return ArchNumerics(name, f16=m, mma_m8n8k4_f16=m,  # wmma on Volta is HMMA.884 (experiments/volta_sass)
+    return ArchNumerics(name, f16=m, mma_m8n8k4_f16=m,  # wmma on Volta is HMMA.884 (README, Evidence)
                         notes=notes or "fp16 only; 23 fraction bits kept, blocks of 4 products")
 
 

@@ -31,7 +31,9 @@ import jax
 import jax.numpy as jnp
 
 from tcemu._src import formats as fm
+from tcemu._src.checks import is_integer_value, real_array
 from tcemu._src.numerics import rounding
+from tcemu._src.quant.elements import code_values, quantize_codes
 
 # exponent of the largest normal of each element format (OCP MX v1.0, table 2 / emax_elem)
 EMAX = {"e4m3": 8, "e5m2": 15, "e3m2": 4, "e2m3": 2, "e2m1": 2}
@@ -79,16 +81,13 @@ def block_quantize(x, etype: str, stype: str, *, block: int) -> BlockQuantized:
     """Quantise ``x`` (..., K) in blocks of ``block`` along its last axis (K a multiple of
     ``block``) to ``etype`` elements (e4m3, e5m2, e3m2, e2m3, e2m1) with ``stype`` scales: "ue8m0"
     (MX) or "ue4m3" (NVFP4, e2m1 elements); see the module docstring."""
-    from tcemu._src.gemm import _code_values, _quantize_codes, _real
-    from tcemu._src.memory import is_integer_value
-
     if not isinstance(etype, str) or etype not in EMAX:
         raise ValueError(f"block_quantize: etype must be one of {', '.join(EMAX)}, got {etype!r}")
     if stype not in fm.SCALE_TYPES:
         raise ValueError(f"block_quantize: stype must be one of {', '.join(fm.SCALE_TYPES)}, got {stype!r}")
     if stype == "ue4m3" and etype != "e2m1":
         raise ValueError(f"block_quantize: ue4m3 scales follow the NVFP4 recipe, whose elements are e2m1 (got {etype})")
-    x = _real(x, "block_quantize", "x").astype(jnp.float32)
+    x = real_array(x, "block_quantize", "x").astype(jnp.float32)
     if not is_integer_value(block) or block < 1 or x.ndim < 1 or x.shape[-1] % block:
         raise ValueError(f"block_quantize: block must be a positive integer dividing the last axis "
                          f"({x.shape[-1] if x.ndim else 'a scalar has none'}), got {block!r}")
@@ -108,11 +107,11 @@ def block_quantize(x, etype: str, stype: str, *, block: int) -> BlockQuantized:
     else:  # NVFP4
         t = jnp.max(jnp.abs(jnp.where(jnp.isnan(x), 0, x)))
         tensor = jnp.where(jnp.isfinite(t) & (t > 0), rounding.divide(6 * 448, t), jnp.float32(1))
-        s_codes = _quantize_codes(jnp.minimum(rounding.divide(amax, 6) * tensor, 448), "e4m3")  # RNE, saturating
-        s = _code_values(s_codes, "e4m3")
+        s_codes = quantize_codes(jnp.minimum(rounding.divide(amax, 6) * tensor, 448), "e4m3")  # RNE, saturating
+        s = code_values(s_codes, "e4m3")
         codes = jnp.where(bad, 0x7F, s_codes).astype(jnp.uint32)
         scales = jnp.where(bad, jnp.nan, s)
         y = jnp.where(s[..., None] > 0, xb * rounding.divide(tensor, jnp.where(s > 0, s, 1))[..., None], 0)
     y = jnp.clip(jnp.where(jnp.isnan(y), 0, y), -top, top)
-    element_codes = _quantize_codes(y, etype).reshape(x.shape)
-    return BlockQuantized(_code_values(element_codes, etype), scales, element_codes, codes, tensor)
+    element_codes = quantize_codes(y, etype).reshape(x.shape)
+    return BlockQuantized(code_values(element_codes, etype), scales, element_codes, codes, tensor)

@@ -1,0 +1,59 @@
+"""Argument checks shared by every layer: integers known at trace time, scalar integer
+arguments, real numeric arrays. Each raises a TypeError naming the function and the argument.
+
+    >>> from tcemu._src.checks import is_integer_value, concrete_int
+    >>> is_integer_value(3), is_integer_value(True), concrete_int(7)
+    (True, False, 7)
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def concrete_int(x):
+    """``int(x)`` when ``x`` is known at trace time, else ``None``."""
+    if x is None:
+        return None
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    try:
+        return int(np.asarray(x).item())
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError, TypeError):
+        return None
+
+
+def is_integer_value(x) -> bool:
+    """A Python/NumPy integer (not a bool)."""
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def scalar_int(x, name: str, where: str):
+    """Check an integer scalar argument (``p``, ``stride``): a Python or NumPy integer, or a 0-d
+    integer array, possibly traced. Returns an ``int`` when concrete, else the traced array."""
+    if is_integer_value(x):
+        return int(x)
+    if isinstance(x, (jax.Array, np.ndarray, np.generic)):
+        dt = np.dtype(x.dtype)
+        if not np.issubdtype(dt, np.integer):
+            got = f"{x!r}" if isinstance(x, np.generic) else "an array"
+            raise TypeError(f"{where}: {name} must be an integer, got {got} of dtype {dt}")
+        if np.ndim(x) != 0:
+            raise TypeError(f"{where}: {name} must be a scalar integer, got shape {np.shape(x)} "
+                            "(use jax.vmap for one value per warp)")
+        v = concrete_int(x)
+        return x if v is None else v
+    raise TypeError(f"{where}: {name} must be an integer, got {x!r} ({type(x).__name__})")
+
+
+def real_array(x, where: str, name: str):
+    """``x`` as a JAX array of a real (bool, integer or floating-point) dtype; a TypeError naming
+    ``where`` and ``name`` otherwise."""
+    try:
+        x = jnp.asarray(x)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{where}: {name} must be a real numeric array, got {type(x).__name__}") from e
+    if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_):
+        raise TypeError(f"{where}: {name} must be a real numeric array, got dtype {x.dtype}")
+    return x

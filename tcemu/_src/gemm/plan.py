@@ -1,0 +1,84 @@
+"""A K schedule made concrete for one GEMM (:class:`~tcemu._src.gemm.schedule.Plan`), as the
+execution steps read it: the K axis laid out instruction by instruction, the chains of
+instructions (a slice's promotion groups), and where block scales may be read per block.
+
+    >>> import numpy as np
+    >>> from tcemu._src.gemm.plan import chain_layout
+    >>> from tcemu._src.gemm.schedule import KSchedule
+    >>> g, G, lens = chain_layout(KSchedule(promotion=32).plan(K=80, k=16))
+    >>> g, G, lens.tolist()          # 2 instructions per group, 3 groups, the last one short
+    (2, 3, [2, 2, 1])
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tcemu._src.isa.parse import Unsupported
+
+
+def lay_k(x, plan, axis: int, unit: int = 1):
+    """``x`` with its K axis laid out as the plan's instructions read it (zeros where they pad);
+    ``unit``: elements of K per entry of ``x`` (scale blocks), which every run must keep whole."""
+    pieces = []
+    for a, b in plan.runs():
+        if a < 0:
+            shape = list(x.shape)
+            shape[axis] = b // unit
+            pieces.append(jnp.zeros(shape, x.dtype))
+        else:
+            pieces.append(jax.lax.slice_in_dim(x, a // unit, b // unit, axis=axis))
+    return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=axis)
+
+
+def chain_layout(plan):
+    """The plan's chains: ``g`` instructions per chain (a promotion group, or a whole slice),
+    ``G`` chains per slice (the last one padded to ``g``), and ``lens`` (S * G,): how many of its
+    instructions each chain runs (slice s, group j at s * G + j)."""
+    S, T = plan.slices, plan.steps
+    g = plan.group or T
+    G = -(-T // g)
+    runs = plan.valid.sum(axis=1)[:, None] - g * np.arange(G)[None, :]
+    return g, G, np.clip(runs, 0, g).reshape(S * G)
+
+
+def step_table(plan):
+    """(S, G, g) flat instruction indices per slice and chain (-1: padding) and whether each
+    runs."""
+    S, T = plan.slices, plan.steps
+    g, G, _ = chain_layout(plan)
+    flat = np.arange(S * T, dtype=np.int32).reshape(S, T)
+    tbl = np.full((S, G * g), -1, np.int32)
+    tbl[:, :T] = flat
+    ok = (tbl >= 0) & np.concatenate([plan.valid, np.zeros((S, G * g - T), bool)], axis=1)
+    return tbl.reshape(S, G, g), ok.reshape(S, G, g)
+
+
+def chain_index(plan):
+    """(S * G, g * k) the K element each lane of each chain reads (-1: a zero)."""
+    S, T, k = plan.slices, plan.steps, plan.index.shape[2]
+    g, G, _ = chain_layout(plan)
+    return np.pad(plan.index, ((0, 0), (0, G * g - T), (0, 0)), constant_values=-1).reshape(S * G, g * k)
+
+
+def check_block_aligned(plan, blk: int, where: str):
+    """Block-scaled GEMMs: every run of the K layout starts a scale block in the source and in
+    the laid-out K (so each instruction reads whole blocks)."""
+    pos = 0
+    for a, b in plan.runs():
+        length = b if a < 0 else b - a
+        if pos % blk or (a >= 0 and a % blk):
+            raise Unsupported(f"{where}: this K schedule cuts K across scale blocks of {blk}; block-scaled "
+                              "GEMMs take schedules whose k-tiles and slices start at multiples of the block")
+        pos += length
+
+
+def scale_unit(plan, k: int, block: int, group: int | None) -> int:
+    """Elements of the laid-out K per scale entry a kernel reads: ``block`` where the
+    instructions (``k``), the plan's runs and zero fills and the grouped model's groups
+    (``group``) keep scale blocks whole, else 1."""
+    group = group or block
+    whole = (k % block == 0 and (block % group == 0 or group % block == 0)
+             and all(b % block == 0 and (a < 0 or a % block == 0) for a, b in plan.runs()))
+    return block if whole else 1

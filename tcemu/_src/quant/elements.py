@@ -1,0 +1,116 @@
+"""Rounding values to an MMA's element formats, as bit patterns (codes) and as exact float32
+values; every conversion is JAX's own or the engine's, so the bits are the same with x64 on or
+off and on every backend.
+
+    >>> from tcemu._src.quant.elements import quantize_codes, code_values
+    >>> codes = quantize_codes([1.0, 3.3], "e4m3")
+    >>> [hex(int(c)) for c in codes], code_values(codes, "e4m3").tolist()
+    (['0x38', '0x45'], [1.0, 3.25])
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from tcemu._src import formats as fm
+from tcemu._src.checks import real_array
+from tcemu._src.numerics import engine
+from tcemu._src.numerics.mma import check_key
+
+FORMATS = ("f16", "bf16", "tf32", "e4m3", "e5m2", "e3m2", "e2m3", "e2m1")
+MX = ("e3m2", "e2m3", "e2m1")  # OCP MX fp6/fp4: no NaN, no infinity
+MODES = ("rne", "stochastic")
+
+
+def quantize(x, etype: str, mode: str = "rne", key=None):
+    """Round values to the element format ``etype`` ("f16", "bf16", "tf32", "e4m3", "e5m2", and
+    the OCP MX fp6/fp4 "e3m2", "e2m3", "e2m1"); the result holds the quantised values in float32
+    (exact; NaN as 0x7FFFFFFF, or the canonical tf32 NaN 0x7FFFE000). Inputs are converted to
+    float32 first, so the bits do not depend on ``jax_enable_x64``.
+
+    ``mode="rne"``: JAX's own round-to-nearest-even conversion (``astype``; tf32:
+    ``jax.lax.reduce_precision`` to 10 fraction bits); e4m3 has no infinity, so its overflows
+    (above 464) and infinities become NaN. fp6/fp4 have neither: overflows and infinities
+    saturate to the largest finite value and NaN becomes -0, as ml_dtypes converts them (JAX
+    cannot hold fp6 arrays, so those are rounded in integers). ``mode="stochastic"`` (needs
+    ``key``): rounds up with probability equal to the discarded fraction.
+
+    >>> import tcemu
+    >>> tcemu.quantize([0.2, 2.5, 3.5, 100.0], "e2m1").tolist()
+    [0.0, 2.0, 4.0, 6.0]
+    """
+    if not isinstance(etype, str) or etype not in FORMATS:
+        raise ValueError(f"quantize: unknown format {etype!r}; valid: {', '.join(FORMATS)}")
+    if not isinstance(mode, str) or mode not in MODES:
+        raise ValueError(f"quantize: mode must be one of {', '.join(MODES)}, got {mode!r}")
+    return code_values(quantize_codes(real_array(x, "quantize", "x"), etype, mode, key), etype)
+
+
+def quantize_codes(x, etype: str, mode: str = "rne", key=None):
+    """:func:`quantize`'s result as the element format's bit patterns (uint32; tf32 as float32
+    patterns), from one conversion (arguments already checked)."""
+    x = jnp.asarray(x).astype(jnp.float32)
+    fmt = fm.FORMATS[etype]
+    if etype in MX:
+        return _quantize_mx_element(x, fmt, mode, key)
+    if mode == "rne":
+        if etype == "tf32":
+            # float32 NaNs whose payload lies below the tf32 fraction would read as inf: canonical NaN
+            q = jax.lax.reduce_precision(x, exponent_bits=8, mantissa_bits=10)
+            return jax.lax.bitcast_convert_type(jnp.where(jnp.isnan(x), _f32(fm.TF32.canonical_nan), q), jnp.uint32)
+        return fm.to_bits(x.astype(fm.VALUE_DTYPES[etype]), etype)
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    q = engine.convert(bits, fm.F32, fmt, "stochastic", overflow="inf", rand=_random_bits(key, x.shape))
+    if not fmt.has_inf:  # engine.convert maps infinities to S.1111.000 (256), e4m3's NaN is S.1111.111
+        q = jnp.where(jnp.isinf(x), jnp.uint32(fmt.canonical_nan), q)
+    return q
+
+
+def code_values(codes, etype: str):
+    """Element bit patterns -> their exact values in float32 (widened in integers: under jit, XLA
+    on GPUs drops a float convert pair such as f32 -> bf16 -> f32)."""
+    if etype == "tf32":
+        return jax.lax.bitcast_convert_type(codes, jnp.float32)
+    return widen(codes, fm.FORMATS[etype])
+
+
+def to_codes(x, etype: str):
+    """float32 container of exactly representable values -> element bit patterns (uint32)."""
+    if etype in MX:  # exact: the values are representable
+        return engine.encode(x, fm.FORMATS[etype])
+    if etype == "tf32":
+        return jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.float32), jnp.uint32)
+    return fm.to_bits(jnp.asarray(x).astype(fm.VALUE_DTYPES[etype]), etype)
+
+
+def f32_bits(bits, fmt: fm.FloatFormat):
+    """Bits of ``fmt`` -> float32 bits, widened exactly in integers (NaN -> 0x7FFFFFFF as
+    cvt.f32.f16 gives it, on every backend)."""
+    return bits if fmt is fm.F32 else engine.convert(bits, fmt, fm.F32)
+
+
+def widen(bits, fmt: fm.FloatFormat):
+    """Bits of ``fmt`` -> float32 values."""
+    return jax.lax.bitcast_convert_type(f32_bits(bits, fmt), jnp.float32)
+
+
+def _random_bits(key, shape):
+    if check_key(key, "quantize") is None:
+        raise ValueError("quantize: mode='stochastic' needs key=jax.random.key(...)")
+    return jax.random.bits(key, shape, jnp.uint32)
+
+
+def _quantize_mx_element(x, fmt, mode, key):
+    """fp6/fp4 rounding in integers (bit patterns): saturating, infinities to the largest finite
+    value, NaN to -0."""
+    rand = _random_bits(key, x.shape) if mode == "stochastic" else None
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    d = fm.decode(bits, fm.F32)
+    q = engine.convert(bits, fm.F32, fmt, mode, overflow="saturate", rand=rand)
+    top = jnp.uint32(((fmt.emax + fmt.bias) << fmt.fraction_bits) | fmt.max_fraction)
+    q = jnp.where(d.is_inf, jnp.where(d.sign != 0, jnp.uint32(fmt.sign_bit), 0) | top, q)
+    return jnp.where(d.is_nan, jnp.uint32(fmt.sign_bit), q)
+
+
+def _f32(bits: int):
+    return jax.lax.bitcast_convert_type(jnp.uint32(bits), jnp.float32)
