@@ -19,7 +19,17 @@ from tcemu._src.numerics.presets import check_model
 
 
 def regfile(nregs: int):
-    """A warp's register file: zeros of shape ``(32, nregs)``, ``uint32``."""
+    """A warp's register file: zeros of shape ``(32, nregs)``, ``uint32``.
+
+    >>> import numpy as np, tcemu
+    >>> regs = tcemu.regfile(8)
+    >>> regs.shape, regs.dtype
+    ((32, 8), dtype('uint32'))
+    >>> mem = tcemu.put_matrix(tcemu.memory(512), np.full((16, 16), 1.5, np.float16))
+    >>> ld_a = tcemu.ptx("wmma.load.a.sync.aligned.row.m16n16k16.f16", arch="sm_90")
+    >>> hex(int(ld_a(regs, mem, dst=range(8), p=0)[0, 0]))       # two f16 1.5 in lane 0's register 0
+    '0x3e003e00'
+    """
     from tcemu._src.memory import is_integer_value
 
     if not is_integer_value(nregs):

@@ -12,6 +12,15 @@ import difflib
 
 @dataclasses.dataclass(frozen=True)
 class Arch:
+    """An architecture: its canonical ``sm_XX`` name, SM number and the GPU name it was given by
+    (``None`` when given as ``sm_XX``). Every ``arch=`` argument takes one, or a string naming it.
+
+    >>> import tcemu
+    >>> a = tcemu.Arch("sm_90", 90, "H100")
+    >>> str(a), a.sm
+    ('sm_90 (H100)', 90)
+    """
+
     name: str  # canonical sm_XX
     sm: int
     gpu: str | None = None  # the GPU name given, if any

@@ -46,7 +46,18 @@ def triton_trees(S: int):
 
 
 class NoMatch(ValueError):
-    """No candidate reproduces the output; ``closest`` lists (match fraction, GemmConfig)."""
+    """No candidate reproduces the output; ``closest`` lists (match fraction, GemmConfig).
+
+    >>> import numpy as np, tcemu
+    >>> a = np.ones((16, 16), np.float16); b = np.ones((16, 8), np.float16)
+    >>> try:
+    ...     tcemu.identify(a, b, np.zeros((16, 8), np.float32), arch="H100",
+    ...                    instruction="m16n8k16.f32.f16.f16.f32", candidates=[tcemu.KSchedule()])
+    ... except tcemu.NoMatch as e:
+    ...     fraction, cfg = e.closest[0]
+    ...     print(fraction, cfg.schedule.describe())
+    0.0 one instruction per k-tile, residue last
+    """
 
     def __init__(self, message, closest):
         super().__init__(message)
@@ -246,6 +257,15 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
     tries the kernel family that library runs at this shape first (cuBLAS: CUTLASS 2 forms
     where K or N is not a multiple of 8, nvjet forms otherwise; XLA: its split-K forms). Raises
     :class:`NoMatch` (a ValueError) listing the closest candidates when none matches.
+
+    >>> import numpy as np, tcemu
+    >>> rng = np.random.default_rng(0)
+    >>> a = rng.standard_normal((16, 40)).astype(np.float16); b = rng.standard_normal((40, 8)).astype(np.float16)
+    >>> ins, truth = "m16n8k16.f32.f16.f16.f32", tcemu.KSchedule(k_tile=32, residue="first")
+    >>> d = np.asarray(tcemu.matmul(a, b, arch="H100", instruction=ins, schedule=truth))
+    >>> cfg = tcemu.identify(a, b, d, arch="H100", instruction=ins, candidates=[tcemu.KSchedule(), truth])
+    >>> cfg.schedule == truth, cfg.schedule.describe()
+    (True, 'k-tile 32, residue first')
     """
     a, b, d = np.asarray(a), np.asarray(b), np.asarray(d)
     at, bt, ot = _check(a, b, d, arch, rows, cols)

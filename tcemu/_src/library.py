@@ -54,7 +54,12 @@ def _table():
 
 
 def library_versions() -> dict:
-    """Per capture file: the GPU, library versions and date the table was measured with."""
+    """Per capture file: the GPU, library versions and date the table was measured with.
+
+    >>> import tcemu
+    >>> tcemu.library_versions()["library_gemm_h100_jax.npz"]["gpu"]
+    'NVIDIA H100 80GB HBM3'
+    """
     return {name: h["versions"] | {"date": h["date"]} for name, h in _table()[0].items()}
 
 
@@ -224,6 +229,14 @@ def library_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, ba
     process times candidate kernels and may pick another one: on the H100, 10 of 90 jnp.dot
     shapes gave other bits in another process. With it off XLA's choices, and bits, are the same
     in every process, and the answer follows XLA's rules for any shape (no table).
+
+    >>> import tcemu
+    >>> cfg = tcemu.library_config("jnp.dot", arch="H100", M=128, N=128, K=8192, a="bf16", b="bf16",
+    ...                            out="f32", xla_autotune=False)
+    >>> cfg.instruction
+    'm16n8k16.f32.bf16.bf16.f32'
+    >>> cfg.schedule.describe()                    # XLA's split-K: 64 slices, a warp-shuffle reduction
+    'k-tile 16, residue last, 64 slices aligned to 8, shuffle reduction of f32 partials'
     """
     if lib not in LIBRARIES:
         raise ValueError(f"library_config: lib must be one of {', '.join(LIBRARIES)}, got {lib!r}")

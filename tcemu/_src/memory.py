@@ -165,7 +165,13 @@ def write(mem, p, lead, inner, stride, values, bits: int):
 
 
 def memory(nbytes: int):
-    """Zeroed memory of ``nbytes`` bytes (``uint8``)."""
+    """Zeroed memory of ``nbytes`` bytes (``uint8``).
+
+    >>> import tcemu
+    >>> mem = tcemu.memory(8)
+    >>> mem.shape, mem.dtype, int(mem.sum())
+    ((8,), dtype('uint8'), 0)
+    """
     if not is_integer_value(nbytes):
         raise TypeError(f"memory: nbytes must be an integer, got {nbytes!r} ({type(nbytes).__name__})")
     if not 1 <= nbytes <= MAX_BYTES:
@@ -233,6 +239,13 @@ def put_matrix(mem, x, *, p: int = 0, layout: str = "row", stride: int | None = 
     data may have any integer dtype and must fit ``etype`` (checked when concrete; traced values
     are stored modulo ``2**bits``). ``stride`` (elements, default: a row for ``.row``, a column
     for ``.col``) may not be shorter than a row (column).
+
+    >>> import numpy as np, tcemu
+    >>> x = np.array([[1, 2], [3, 4]], np.int8)
+    >>> tcemu.put_matrix(tcemu.memory(8), x, layout="col").tolist()   # column-major s8 bytes
+    [1, 3, 2, 4, 0, 0, 0, 0]
+    >>> tcemu.put_matrix(tcemu.memory(4), np.array([[1.0]], np.float16), p=2).tolist()
+    [0, 0, 0, 60]
     """
     where = "put_matrix"
     if not hasattr(x, "dtype"):
@@ -276,7 +289,15 @@ def put_matrix(mem, x, *, p: int = 0, layout: str = "row", stride: int | None = 
 
 
 def get_matrix(mem, shape, etype: str, *, p: int = 0, layout: str = "row", stride: int | None = None):
-    """Read a ``shape`` matrix of element type ``etype`` from ``mem`` (inverse of put_matrix)."""
+    """Read a ``shape`` matrix of element type ``etype`` from ``mem`` (inverse of put_matrix).
+
+    >>> import numpy as np, tcemu
+    >>> mem = tcemu.put_matrix(tcemu.memory(8), np.array([[1, 2], [3, 4]], np.int8), layout="col")
+    >>> tcemu.get_matrix(mem, (2, 2), "s8", layout="col").tolist()
+    [[1, 2], [3, 4]]
+    >>> tcemu.get_matrix(mem, (2, 2), "s8").tolist()           # the same bytes read as .row
+    [[1, 3], [2, 4]]
+    """
     where = "get_matrix"
     if not (isinstance(shape, (tuple, list)) and len(shape) == 2):
         raise ValueError(f"{where}: shape must be (rows, cols), got {shape!r}")

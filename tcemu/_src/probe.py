@@ -46,6 +46,21 @@ ROUNDINGS = ("rz", "rne", "rna", "ru", "rd", "undetermined")
 
 @dataclasses.dataclass(frozen=True)
 class ProbeResult:
+    """What :func:`probe` measured of ``instruction`` (see the module docstring for how):
+    ``fraction_bits`` kept in alignment (``None``: no truncation seen up to 2**-40),
+    ``accumulator_bits``, ``block_size`` (products fused with k = 0; ``None``: undetermined) and
+    ``block_order`` (those positions when they are not 0..L-1), ``rounding`` of block results,
+    ``normalized_products``, where C enters (``addend``: "first" block or "last"; ``None``: not
+    measurable), and whether subnormal inputs and outputs are kept.
+
+    >>> import tcemu
+    >>> r = tcemu.probe("V100")
+    >>> r.fraction_bits, r.accumulator_bits, r.block_size, r.rounding, r.addend
+    (23, 23, 4, 'rz', None)
+    >>> r.rows()[1]                                         # (field, description, value)
+    (None, 'extra alignment bits (F - 23)', 0)
+    """
+
     instruction: str
     fraction_bits: int | None  # None: no truncation seen up to 2**-40
     accumulator_bits: int | None
@@ -116,6 +131,15 @@ def probe(arch="H100", fmt: str | None = None, *, instruction=None, model=None, 
     rounding. fp6/fp4 elements without such scales cannot form the products the feature tests
     need (a ValueError says so); ``kind::mxf8f6f4`` with fp8 elements runs the usual tests with
     unit scales.
+
+    >>> import tcemu
+    >>> r = tcemu.probe("H100", "bf16")
+    >>> r.instruction
+    'mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32'
+    >>> r.fraction_bits, r.block_size, r.rounding, r.subnormal_inputs
+    (25, 16, 'rz', True)
+    >>> r.fraction_bits == tcemu.numerics("H100").bf16.fraction_bits    # the preset, recovered
+    True
     """
     box, sp = _probe_box(arch, fmt, instruction, model, mma)
     if box.ins.family == "mxf4" and box.ins.scale_vec >= 2:

@@ -30,6 +30,12 @@ def matmul(a, b, *, config: GemmConfig | None = None, key=None, **kwargs):
     Differentiable: the backward GEMMs follow ``config.grad_lhs`` / ``config.grad_rhs``.
     ``key``: PRNG key for stochastic quantisation or rounding. With K = 0 the result is +0 (the
     accumulator's initial value), with M = 0 or N = 0 an empty array, as ``jnp.matmul`` gives.
+
+    >>> import jax.numpy as jnp, tcemu
+    >>> a = jnp.array([[1.0] + [2.0**-12] * 4], jnp.bfloat16)      # 1 + four products of 2**-25
+    >>> b = jnp.array([[1.0] + [2.0**-13] * 4], jnp.bfloat16).T
+    >>> [float(tcemu.matmul(a, b, arch=g)[0, 0]) for g in ("A100", "H100")]   # 24 and 25 fraction bits
+    [1.0, 1.0000001192092896]
     """
     cfg = as_config(config, kwargs, "matmul")
     key = mma_numerics.check_key(key, "matmul")
@@ -93,6 +99,12 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     ``dot_general`` of ``flax.nnx.Linear`` / ``flax.linen.Dense``. ``precision`` is ignored (the
     config decides); ``preferred_element_type`` sets the output dtype (default: the promoted
     input dtype, as in JAX).
+
+    >>> import jax.numpy as jnp, tcemu
+    >>> x = jnp.ones((8, 2), jnp.bfloat16); y = jnp.ones((8, 3), jnp.bfloat16)
+    >>> out = tcemu.dot_general(x, y, (((0,), (0,)), ((), ())), config=tcemu.GemmConfig(arch="H100"))
+    >>> out.shape, out.dtype, float(out[0, 0])                  # x.T @ y
+    ((2, 3), dtype(bfloat16), 8.0)
     """
     cfg = as_config(config, {}, "dot_general")
     lhs = real_array(lhs, "dot_general", "lhs")
@@ -119,7 +131,14 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
 
 def einsum(subscripts, *operands, config: GemmConfig | None = None, key=None, **kwargs):
     """:func:`jax.numpy.einsum` whose contractions run through :func:`dot_general`. Subscripts
-    that do not fit the operands raise a ValueError naming ``subscripts``."""
+    that do not fit the operands raise a ValueError naming ``subscripts``.
+
+    >>> import jax.numpy as jnp, tcemu
+    >>> a = jnp.ones((2, 1, 16), jnp.float16); b = jnp.ones((2, 16, 3), jnp.float16)
+    >>> out = tcemu.einsum("bij,bjk->bik", a, b, config=tcemu.GemmConfig(arch="A100"))
+    >>> out.shape, out[1].tolist()
+    ((2, 1, 3), [[16.0, 16.0, 16.0]])
+    """
     cfg = as_config(config, {}, "einsum")
     dg = functools.partial(dot_general, config=cfg, key=mma_numerics.check_key(key, "einsum"))
     if not isinstance(subscripts, str):

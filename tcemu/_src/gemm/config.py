@@ -4,7 +4,7 @@ quantised, and the backward GEMMs' own configurations. Frozen and validated on c
     >>> import tcemu
     >>> cfg = tcemu.GemmConfig(arch="H100", instruction="m16n8k16.f32.bf16.bf16.f32", k_order="split_k")
     >>> cfg.k_schedule.describe()
-    'split-K 4 slices, sequential reduction of f32 partials'
+    'one instruction per k-tile, residue last, 4 slices, sequential reduction of f32 partials'
 """
 from __future__ import annotations
 

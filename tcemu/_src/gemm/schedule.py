@@ -62,6 +62,14 @@ class KSchedule:
         and shared-memory steps).
       partials: type the slice partials are stored in before they are added ("f32", or "f16" /
         "bf16": rounded to nearest even first, as cuBLAS's reduced-precision split-K does).
+
+    >>> import jax.numpy as jnp, tcemu
+    >>> s = tcemu.KSchedule(k_tile=32, slices=4, reduction="pairwise")
+    >>> s.describe()
+    'k-tile 32, residue last, 4 slices, pairwise reduction of f32 partials'
+    >>> a = jnp.ones((1, 256), jnp.float32); b = jnp.ones((256, 1), jnp.float32)
+    >>> float(tcemu.matmul(a, b, arch="H100", schedule=s)[0, 0])
+    256.0
     """
 
     k_tile: int = 0

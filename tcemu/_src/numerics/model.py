@@ -78,6 +78,15 @@ class BlockFMA:
         magnitude); a group whose products are all zero, or whose scale is zero, counts with
         ``zero_exponent``. Blackwell: G=16 with 35 fraction bits ([MS25] ``MMA_GST_FDPA``).
         ``fraction_bits`` may then be up to 35.
+
+    >>> import jax.numpy as jnp, tcemu
+    >>> v100 = tcemu.BlockFMA(fraction_bits=23, block_size=4, rounding="rz")
+    >>> v100 == tcemu.numerics("V100").f16
+    True
+    >>> a = jnp.array([[1.0] + [2.0**-12] * 4], jnp.bfloat16)
+    >>> b = jnp.array([[1.0] + [2.0**-13] * 4], jnp.bfloat16).T
+    >>> float(tcemu.matmul(a, b, arch="H100", model=v100)[0, 0])   # the 2**-25 products are truncated
+    1.0
     """
 
     fraction_bits: int = 25

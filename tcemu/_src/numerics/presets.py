@@ -44,6 +44,14 @@ class ArchNumerics:
     its block-scaled ``.kind::mxf8f6f4``, and ``.kind::mxf4``/``.kind::mxf4nvf4`` (packed fp4). ``mma_m8n8k4_f16`` is ``mma.m8n8k4`` with f16
     inputs, ``mma_m8n8k4_f16_d`` the same with an f16 D where that is computed differently
     (``None``: as ``mma_m8n8k4_f16``).
+
+    >>> import tcemu
+    >>> n = tcemu.numerics("A100")
+    >>> n.arch, n.f16.fraction_bits, n.f16.block_size, n.fp8_mma is None
+    ('sm_80', 24, 8, True)
+    >>> mine = tcemu.ArchNumerics("my GPU", f16=n.f16)      # a model= for tcemu.mma, tcemu.matmul
+    >>> mine.bf16 is None
+    True
     """
 
     arch: str
@@ -190,7 +198,12 @@ PRESETS: dict[str, ArchNumerics] = {
 
 def numerics(arch) -> ArchNumerics:
     """The :class:`ArchNumerics` preset of an architecture ("sm_90", "H100", ...); those of the
-    Jetson GPUs (sm_72, sm_87) are assumed from their generation (see their ``notes``)."""
+    Jetson GPUs (sm_72, sm_87) are assumed from their generation (see their ``notes``).
+
+    >>> import tcemu
+    >>> tcemu.numerics("L40S").fp8_mma.accumulator_fraction_bits    # Ada's E8M13 fp8 accumulator
+    13
+    """
     a: Arch = resolve(arch)
     return PRESETS[a.name]
 

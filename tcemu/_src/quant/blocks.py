@@ -43,7 +43,15 @@ _MAXVAL = {"e4m3": 448.0, "e5m2": 57344.0, "e3m2": 28.0, "e2m3": 7.5, "e2m1": 6.
 class BlockQuantized(NamedTuple):
     """``x ~= elements * scales (repeated over each block) / tensor_scale``: float32 values
     (elements exactly representable in the element format, scales in the scale format), the
-    codes the instruction reads, and the per-tensor float32 encode scale (1.0 for MX)."""
+    codes the instruction reads, and the per-tensor float32 encode scale (1.0 for MX).
+
+    >>> import jax.numpy as jnp, tcemu
+    >>> q = tcemu.block_quantize(jnp.array([[1.0, 2.0, 3.0, 5.0]], jnp.float32), "e2m1", "ue8m0", block=4)
+    >>> q.elements.tolist(), q.scales.tolist(), q.tensor_scale.tolist()    # 5 rounds to 4 (even)
+    ([[1.0, 2.0, 3.0, 4.0]], [[1.0]], 1.0)
+    >>> q.element_codes.tolist(), q.scale_codes.tolist()                   # e2m1 and ue8m0 codes
+    ([[2, 4, 5, 6]], [[127]])
+    """
 
     elements: jnp.ndarray  # (..., K) float32
     scales: jnp.ndarray  # (..., K / block) float32
@@ -80,7 +88,15 @@ def _floor_log2(a):
 def block_quantize(x, etype: str, stype: str, *, block: int) -> BlockQuantized:
     """Quantise ``x`` (..., K) in blocks of ``block`` along its last axis (K a multiple of
     ``block``) to ``etype`` elements (e4m3, e5m2, e3m2, e2m3, e2m1) with ``stype`` scales: "ue8m0"
-    (MX) or "ue4m3" (NVFP4, e2m1 elements); see the module docstring."""
+    (MX) or "ue4m3" (NVFP4, e2m1 elements); see the module docstring.
+
+    >>> import jax.numpy as jnp, tcemu
+    >>> q = tcemu.block_quantize(jnp.array([[0.1, 0.2, 0.3, 0.5]], jnp.float32), "e2m1", "ue8m0", block=4)
+    >>> q.scales.tolist(), q.elements.tolist()        # X = 2**(floor(log2(0.5)) - 2): x / X rounded
+    ([[0.125]], [[1.0, 1.5, 2.0, 4.0]])
+    >>> q.dequantize(4).tolist()
+    [[0.125, 0.1875, 0.25, 0.5]]
+    """
     if not isinstance(etype, str) or etype not in EMAX:
         raise ValueError(f"block_quantize: etype must be one of {', '.join(EMAX)}, got {etype!r}")
     if stype not in fm.SCALE_TYPES:
