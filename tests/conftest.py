@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import functools
 import os
+import subprocess
+import sys
 from pathlib import Path
 from unittest import mock
 
@@ -63,6 +65,17 @@ def x64_mode(request):
 def capture(name: str):
     """A committed capture file, loaded once (``np.load`` of tests/data/<name>)."""
     return dict(np.load(DATA / name))
+
+
+def run_on_devices(script: str, devices: int, *, platform: str = "cpu", timeout: int = 600, **env):
+    """Run the Python ``script`` in a fresh process with tcemu from this checkout on ``platform``
+    (``JAX_PLATFORMS``); on the CPU, with ``devices`` host devices
+    (``--xla_force_host_platform_device_count``). ``env``: more environment variables. Returns
+    the ``subprocess.CompletedProcess`` (text stdout and stderr)."""
+    env = dict(os.environ, JAX_PLATFORMS=platform, PYTHONPATH=str(ROOT), **env)
+    if platform == "cpu":
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def peer_dir() -> Path | None:

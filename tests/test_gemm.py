@@ -3,9 +3,6 @@ same tiling, accumulation-order behaviour, gradients, transformations, and a Fla
 from __future__ import annotations
 
 import functools
-import os
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -16,7 +13,7 @@ import pytest
 
 import tcemu
 from tcemu._src.isa.wmma import matrix_to_fragment, fragment_to_matrix, mma_sync_fragments
-from conftest import ROOT
+from conftest import run_on_devices
 
 WMMA = "wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32"
 
@@ -341,9 +338,7 @@ SHARD = textwrap.dedent("""
 
 
 def test_matmul_shards_over_devices():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, "-c", SHARD], env=env, capture_output=True, text=True, timeout=600)
+    r = run_on_devices(SHARD, 8)
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
 
 

@@ -5,15 +5,13 @@ has them (each GPU runs the CUDA kernel on its shard)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from conftest import ROOT
+from conftest import run_on_devices
 
 SCRIPT = textwrap.dedent(r"""
     import json, re
@@ -108,11 +106,8 @@ def _two_gpus() -> bool:
 @pytest.mark.parametrize("platform", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not _two_gpus(), reason="needs two GPUs"))])
 def test_sharded_over_two_devices_same_bits_and_split(platform):
-    env = dict(os.environ, JAX_PLATFORMS=platform, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="0,1",
-               XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    if platform == "cpu":
-        env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=900)
+    proc = run_on_devices(SCRIPT, 2, platform=platform, timeout=900, CUDA_VISIBLE_DEVICES="0,1",
+                          XLA_PYTHON_CLIENT_PREALLOCATE="false")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.split("RESULT", 1)[1])
     assert all(v["same"] for v in out.values()), out

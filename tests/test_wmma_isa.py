@@ -2,9 +2,6 @@
 warps equals a Python loop, and sharding the warp axis over devices."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -16,7 +13,7 @@ from hypothesis import strategies as st
 
 import tcemu
 from tcemu._src.isa import wmma_spec as S
-from conftest import ROOT
+from conftest import run_on_devices
 
 LD_A = "wmma.load.a.sync.aligned.row.m16n16k16.f16"
 
@@ -207,7 +204,5 @@ SHARD_SCRIPT = textwrap.dedent("""
 
 
 def test_batch_emulation_shards_over_8_devices():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, "-c", SHARD_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    r = run_on_devices(SHARD_SCRIPT, 8)
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]

@@ -118,6 +118,22 @@ def region_bytes(rows, cols, bits, layout, stride, p):
     return p + (lead * stride * bits + 7) // 8
 
 
+def padded_region_bytes(rows, cols, bits, layout, stride, p):
+    """:func:`region_bytes` rounded up to a multiple of 16 bytes."""
+    return (region_bytes(rows, cols, bits, layout, stride, p) + 15) // 16 * 16
+
+
+NRAND = 4  # random loads / stores per config
+
+
+def random_geometry(rows, cols, bits, layout, dstride, fb):
+    """The random runs' explicit stride (two fragments' worth of elements above the default
+    ``dstride``), their offset ``p`` (5 fragments of ``fb`` bytes) and their padded region size."""
+    stride = dstride + 2 * fb * 8 // bits
+    p = 5 * fb
+    return stride, p, padded_region_bytes(rows, cols, bits, layout, stride, p)
+
+
 # ---------------------------------------------------------------------------------------------
 # wmma.load / wmma.store layouts
 
@@ -169,8 +185,7 @@ def capture_layouts(gpu, rng):
         dstride = S.default_stride(shape, mat, lay)
         # one-hot, default stride (no stride operand), p = 3 fragments
         p = 3 * fb
-        size = region_bytes(rows, cols, bits, lay, dstride, p)
-        size = (size + 15) // 16 * 16
+        size = padded_region_bytes(rows, cols, bits, lay, dstride, p)
         n = rows * cols
         mem = np.zeros((n, size), np.uint8)
         pat = onehot_pattern(bits)
@@ -189,16 +204,13 @@ def capture_layouts(gpu, rng):
         print(f"  {key:32s} regs {nregs} copies/element {counts.min()}..{counts.max()}", flush=True)
         out[key + ".table"] = table
         # random contents, explicit stride larger than the default, p = 5 fragments
-        stride = dstride + 2 * fb * 8 // bits
-        p = 5 * fb
-        size = (region_bytes(rows, cols, bits, lay, stride, p) + 15) // 16 * 16
-        nrand = 4
-        mem = rng.integers(0, 256, (nrand, size), dtype=np.uint8)
-        regs = np.zeros((nrand, 32, nregs), np.uint32)
-        (regs,) = gpu.run(Kn.load_name(mat, lay, shape, et, True), nrand,
+        stride, p, size = random_geometry(rows, cols, bits, lay, dstride, fb)
+        mem = rng.integers(0, 256, (NRAND, size), dtype=np.uint8)
+        regs = np.zeros((NRAND, 32, nregs), np.uint32)
+        (regs,) = gpu.run(Kn.load_name(mat, lay, shape, et, True), NRAND,
                           [mem.ravel(), np.uint64(size), np.uint32(p), np.uint32(stride), regs], [4])
         out[key + ".rand_mem"] = mem
-        out[key + ".rand_regs"] = regs.reshape(nrand, 32, nregs)
+        out[key + ".rand_regs"] = regs.reshape(NRAND, 32, nregs)
         out[key + ".rand_p_stride"] = np.array([p, stride], np.int64)
     for lay, shape, et in Kn.store_configs():
         bits = S.ELEMENT_BITS[et]
@@ -211,7 +223,7 @@ def capture_layouts(gpu, rng):
         slots = 32 // u
         n = 32 * nregs * slots
         p = 3 * fb
-        size = (region_bytes(rows, cols, bits, lay, dstride, p) + 15) // 16 * 16
+        size = padded_region_bytes(rows, cols, bits, lay, dstride, p)
         regs = np.zeros((n, 32, nregs), np.uint32)
         umask = (1 << u) - 1
         idx = 0
@@ -249,17 +261,14 @@ def capture_layouts(gpu, rng):
         if counts.min() != 1 or counts.max() != 1:
             problems.append(f"{key}: stored element counts {counts.min()}..{counts.max()}")
         out[key + ".table"] = table
-        stride = dstride + 2 * fb * 8 // bits
-        p = 5 * fb
-        size = (region_bytes(rows, cols, bits, lay, stride, p) + 15) // 16 * 16
-        nrand = 4
-        mem0 = rng.integers(0, 256, (nrand, size), dtype=np.uint8)
-        regs = rng.integers(0, 2 ** 32, (nrand, 32, nregs), dtype=np.uint32)
-        (mem1,) = gpu.run(Kn.store_name(lay, shape, et, True), nrand,
+        stride, p, size = random_geometry(rows, cols, bits, lay, dstride, fb)
+        mem0 = rng.integers(0, 256, (NRAND, size), dtype=np.uint8)
+        regs = rng.integers(0, 2 ** 32, (NRAND, 32, nregs), dtype=np.uint32)
+        (mem1,) = gpu.run(Kn.store_name(lay, shape, et, True), NRAND,
                           [mem0.ravel().copy(), np.uint64(size), np.uint32(p), np.uint32(stride), regs.ravel()], [0])
         out[key + ".rand_mem_before"] = mem0
         out[key + ".rand_regs"] = regs
-        out[key + ".rand_mem_after"] = mem1.reshape(nrand, size)
+        out[key + ".rand_mem_after"] = mem1.reshape(NRAND, size)
         out[key + ".rand_p_stride"] = np.array([p, stride], np.int64)
     # nvcuda::wmma C++ API cross-check against the inline-PTX loads of the same config
     for name, bytes_per, nel in (("api_ld_a_row_m16n16k16_f16", 512, 16), ("api_ld_b_col_m16n16k16_f16", 512, 16),
@@ -369,21 +378,6 @@ def _ms_types(sp: str):
     return d, a, b, c
 
 
-def _pack_slots(vals_bits: np.ndarray, bits: int, nregs: int):
-    """(T, 32, nregs*per) element patterns -> (T, 32, nregs) u32 registers, element 0 lowest."""
-    if bits == 64:
-        v = vals_bits.astype(np.uint64)
-        lo = (v & np.uint64(0xFFFFFFFF)).astype(np.uint32)
-        hi = (v >> np.uint64(32)).astype(np.uint32)
-        return np.stack([lo, hi], -1).reshape(v.shape[0], 32, nregs)
-    per = 32 // bits
-    v = vals_bits.astype(np.uint64).reshape(vals_bits.shape[0], 32, nregs, per)
-    out = np.zeros(v.shape[:3], np.uint64)
-    for s in range(per):
-        out |= (v[..., s] & np.uint64((1 << bits) - 1)) << np.uint64(s * bits)
-    return out.astype(np.uint32)
-
-
 def capture_mma_sync(gpu, rng, main_per_class=24, other_per_class=4):
     out = {}
     bits = S.ELEMENT_BITS | {"e4m3": 8, "e5m2": 8}
@@ -418,8 +412,8 @@ def capture_mma_sync(gpu, rng, main_per_class=24, other_per_class=4):
         a = np.concatenate([p[0] for p in parts])
         b = np.concatenate([p[1] for p in parts])
         c = np.concatenate([p[2] for p in parts])
-        regs_in = np.concatenate([_pack_slots(a, bits[at], f.na), _pack_slots(b, bits[bt], f.nb),
-                                  _pack_slots(c, bits[ct], f.nc)], axis=2)
+        regs_in = np.concatenate([I.pack_slots(a, bits[at], f.na), I.pack_slots(b, bits[bt], f.nb),
+                                  I.pack_slots(c, bits[ct], f.nc)], axis=2)
         out |= _run_mma_sync(gpu, f, short, regs_in, classes, per)
     return out
 
@@ -460,7 +454,7 @@ def capture_mma_sync_logical(gpu, rng, shorts, classes, per_class):
         regs = []
         for mat, frag, n, et in zip((a, b, c), mma_sync_fragments(ins)[:3], (f.na, f.nb, f.nc), (at, bt, ct)):
             rc = frag.coords  # (32 lanes, values, (row, col))
-            regs.append(_pack_slots(mat[:, rc[..., 0], rc[..., 1]], bits[et], n))
+            regs.append(I.pack_slots(mat[:, rc[..., 0], rc[..., 1]], bits[et], n))
         out |= _run_mma_sync(gpu, f, short, np.concatenate(regs, axis=2), classes, per_class)
         for k, v in zip("abc", (a, b, c)):
             out[f"{short}.{k}"] = v

@@ -52,6 +52,23 @@ def assemble(fmt: str, sign, expo, frac) -> np.ndarray:
     return bits.astype(STORAGE[fmt])
 
 
+def pack_slots(vals_bits: np.ndarray, bits: int, nregs: int) -> np.ndarray:
+    """(T, threads, nregs*per) element patterns -> (T, threads, nregs) u32 registers, element 0
+    lowest (a 64-bit element: two registers, low word first)."""
+    T, threads = vals_bits.shape[:2]
+    if bits == 64:
+        v = vals_bits.astype(np.uint64)
+        lo = (v & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+        hi = (v >> np.uint64(32)).astype(np.uint32)
+        return np.stack([lo, hi], -1).reshape(T, threads, nregs)
+    per = 32 // bits
+    v = vals_bits.astype(np.uint64).reshape(T, threads, nregs, per)
+    out = np.zeros(v.shape[:3], np.uint64)
+    for s in range(per):
+        out |= (v[..., s] & np.uint64((1 << bits) - 1)) << np.uint64(s * bits)
+    return out.astype(np.uint32)
+
+
 def _rand_frac(rng, fmt, shape):
     mb = FORMATS[fmt][1]
     return rng.integers(0, 1 << mb, size=shape, dtype=np.uint64)

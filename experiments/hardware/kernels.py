@@ -388,30 +388,25 @@ extern "C" __global__ void {ldsm_name('stsm', x, trans)}(unsigned* gmem, const u
 """
 
 
-API_KERNELS = r"""
-// nvcuda::wmma C++ API cross-checks: raw fragment element bits, element order as fragment.x[i].
-extern "C" __global__ void api_ld_a_row_m16n16k16_f16(const unsigned char* mem, unsigned* out) {
+def api_load_kernel(mat, lay, et):
+    """nvcuda::wmma C++ API cross-check of the m16n16k16 ``wmma.load.{mat}.{lay}...{et}`` (raw
+    fragment element bits, element order as fragment.x[i])."""
+    ctype, as_bits, nbytes = {"f16": ("__half", "__half_as_ushort", 512), "f32": ("float", "__float_as_uint", 1024)}[et]
+    major = f"{lay}_major"
+    frag, extra = ((f"wmma::accumulator, 16, 16, 16, {ctype}", f", wmma::mem_{major}") if mat == "c" else
+                   (f"wmma::matrix_{mat}, 16, 16, 16, {ctype}, wmma::{major}", ""))
+    return f"""extern "C" __global__ void api_ld_{mat}_{lay}_m16n16k16_{et}(const unsigned char* mem, unsigned* out) {{
     using namespace nvcuda;
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> f;
-    wmma::load_matrix_sync(f, (const __half*)(mem + WARP * 512), 16);
+    wmma::fragment<{frag}> f;
+    wmma::load_matrix_sync(f, (const {ctype}*)(mem + WARP * {nbytes}), 16{extra});
     for (int i = 0; i < f.num_elements; i++)
-        out[(WARP * 32 + LANE) * f.num_elements + i] = __half_as_ushort(f.x[i]);
-}
-extern "C" __global__ void api_ld_b_col_m16n16k16_f16(const unsigned char* mem, unsigned* out) {
-    using namespace nvcuda;
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> f;
-    wmma::load_matrix_sync(f, (const __half*)(mem + WARP * 512), 16);
-    for (int i = 0; i < f.num_elements; i++)
-        out[(WARP * 32 + LANE) * f.num_elements + i] = __half_as_ushort(f.x[i]);
-}
-extern "C" __global__ void api_ld_c_row_m16n16k16_f32(const unsigned char* mem, unsigned* out) {
-    using namespace nvcuda;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> f;
-    wmma::load_matrix_sync(f, (const float*)(mem + WARP * 1024), 16, wmma::mem_row_major);
-    for (int i = 0; i < f.num_elements; i++)
-        out[(WARP * 32 + LANE) * f.num_elements + i] = __float_as_uint(f.x[i]);
-}
+        out[(WARP * 32 + LANE) * f.num_elements + i] = {as_bits}(f.x[i]);
+}}
 """
+
+
+API_KERNELS = ("\n// nvcuda::wmma C++ API cross-checks: raw fragment element bits, element order as fragment.x[i].\n"
+               + "".join(api_load_kernel(*c) for c in (("a", "row", "f16"), ("b", "col", "f16"), ("c", "row", "f32"))))
 
 
 def load_configs():

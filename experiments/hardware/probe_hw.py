@@ -24,8 +24,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))
 
+import inputs as I  # noqa: E402
 import kernels as Kn  # noqa: E402
-from capture import Gpu, _pack_slots  # noqa: E402
+from capture import Gpu  # noqa: E402
 
 import tcemu  # noqa: E402
 import tcemu._src.studies  # noqa: E402
@@ -63,9 +64,9 @@ def hardware_mma(gpu):
             co = frag.coords
             return bits[:, co[..., 0], co[..., 1]]
 
-        regs_in = np.concatenate([_pack_slots(vals(a, ins.fa, etype), ins.fa.bits, f.na),
-                                  _pack_slots(vals(b, ins.fb, etype), ins.fb.bits, f.nb),
-                                  _pack_slots(vals(c.astype(np.float32), ins.fc, "f32"), 32, f.nc)], axis=2)
+        regs_in = np.concatenate([I.pack_slots(vals(a, ins.fa, etype), ins.fa.bits, f.na),
+                                  I.pack_slots(vals(b, ins.fb, etype), ins.fb.bits, f.nb),
+                                  I.pack_slots(vals(c.astype(np.float32), ins.fc, "f32"), 32, f.nc)], axis=2)
         out = np.zeros((T, 32, f.nd), np.uint32)
         (out,) = gpu.run(f.name, T, [regs_in.ravel(), out.ravel()], [1])
         out = out.reshape(T, 32, f.nd)
@@ -89,8 +90,8 @@ def hardware_wgmma(gpu):
         C = np.asarray(c, np.float32).view(np.uint32)
         T = A.shape[0]
         ac, dc = W.a_coords(K, bits), W.d_coords(nd)
-        a_regs = W.pack_regs(A[:, ac[..., 0], ac[..., 1]], bits, na)
-        c_regs = W.pack_regs(C[:, dc[..., 0], dc[..., 1]], 32, nd)
+        a_regs = I.pack_slots(A[:, ac[..., 0], ac[..., 1]], bits, na)
+        c_regs = I.pack_slots(C[:, dc[..., 0], dc[..., 1]], 32, nd)
         bimg = np.stack([W.b_image(B[t], bits) for t in range(T)])
         d_regs = np.zeros((T, 128, nd), np.uint32)
         (d_regs,) = gpu.run(W.kname(d, at, K), T, [a_regs.ravel(), c_regs.ravel(), bimg.ravel(), d_regs.ravel()],

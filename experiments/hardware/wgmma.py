@@ -123,15 +123,6 @@ def b_image(B, bits):
     return img
 
 
-def pack_regs(vals, bits, nregs):
-    per = 32 // bits
-    v = vals.astype(np.uint64).reshape(vals.shape[0], 128, nregs, per)
-    out = np.zeros(v.shape[:3], np.uint64)
-    for s in range(per):
-        out |= (v[..., s] & np.uint64((1 << bits) - 1)) << np.uint64(s * bits)
-    return out.astype(np.uint32)
-
-
 def run(gpu, rng, per_class=16, float_classes=None):
     """Every form of FORMS on the sanity class plus the input classes of ``inputs.py`` (or
     ``float_classes``)."""
@@ -156,10 +147,10 @@ def run(gpu, rng, per_class=16, float_classes=None):
         T = A.shape[0]
         ac = a_coords(K, bits)
         a_vals = A[:, ac[..., 0], ac[..., 1]]  # (T, 128, nval)
-        a_regs = pack_regs(a_vals, bits, na)
+        a_regs = I.pack_slots(a_vals, bits, na)
         dc = d_coords(nd)
         c_vals = C[:, dc[..., 0], dc[..., 1]]
-        c_regs = pack_regs(c_vals, 32 if d == "f32" else 16, nd)
+        c_regs = I.pack_slots(c_vals, 32 if d == "f32" else 16, nd)
         bimg = np.stack([b_image(B[t], bits) for t in range(T)])
         d_regs = np.zeros((T, 128, nd), np.uint32)
         (d_regs,) = gpu.run(kname(d, a, K), T, [a_regs.ravel(), c_regs.ravel(), bimg.ravel(), d_regs.ravel()], [3],

@@ -19,6 +19,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from tcemu._src.numerics.rounding import word_shifts
+
 _U = jnp.uint64
 MASK32 = 0xFFFFFFFF
 ROUNDINGS = ("rn", "rz", "rm", "rp")
@@ -30,14 +32,7 @@ def require_x64(what: str = "f64 MMAs"):
                          "first (the fp16/bf16/tf32/fp8/integer paths do not need it)")
 
 
-def _shl(x, n):
-    n = jnp.asarray(n)
-    return jnp.where(n >= 64, _U(0), x << jnp.clip(n, 0, 63).astype(_U))
-
-
-def _shr(x, n):
-    n = jnp.asarray(n)
-    return jnp.where(n >= 64, _U(0), x >> jnp.clip(n, 0, 63).astype(_U))
+_shl, _shr = word_shifts(_U)
 
 
 def _clz64(x):

@@ -21,16 +21,25 @@ ROUNDING_MODES = ("rz", "rne", "rna", "ru", "rd", "stochastic")
 _U = jnp.uint32
 
 
-def shl(x, n):
-    """``x << n`` for uint32 ``x`` and int32 ``n >= 0``; 0 when ``n >= 32``."""
-    n = jnp.asarray(n)
-    return jnp.where(n >= 32, _U(0), x << jnp.clip(n, 0, 31).astype(_U))
+def word_shifts(word):
+    """``(shl, shr)``: ``x << n`` and logical ``x >> n`` for unsigned words ``x`` of type ``word``
+    (``jnp.uint32``, ``jnp.uint64``) and int32 ``n >= 0``; 0 when ``n`` is the word's width or more."""
+    width = jnp.iinfo(word).bits
+
+    def shl(x, n):
+        """``x << n``; 0 when ``n >= width``."""
+        n = jnp.asarray(n)
+        return jnp.where(n >= width, word(0), x << jnp.clip(n, 0, width - 1).astype(word))
+
+    def shr(x, n):
+        """Logical ``x >> n``; 0 when ``n >= width``."""
+        n = jnp.asarray(n)
+        return jnp.where(n >= width, word(0), x >> jnp.clip(n, 0, width - 1).astype(word))
+
+    return shl, shr
 
 
-def shr(x, n):
-    """Logical ``x >> n`` for uint32 ``x`` and int32 ``n >= 0``; 0 when ``n >= 32``."""
-    n = jnp.asarray(n)
-    return jnp.where(n >= 32, _U(0), x >> jnp.clip(n, 0, 31).astype(_U))
+shl, shr = word_shifts(_U)  # uint32
 
 
 def window(hi, lo, s, nbits: int):
