@@ -3,13 +3,13 @@
 // models listed in tcemu/_src/native/__init__.py (supports): per output, per block of L products,
 // the alignment exponent E (largest product or accumulator exponent), every product truncated
 // toward zero F bits below E, an exact integer sum with the aligned accumulator (int32 groups as
-// the engine's _group_sums, added as two words when one int32 word cannot hold the block), and one
+// fused_block._group_sums, added as two words when one int32 word cannot hold the block), and one
 // rounding (rounding.round_pack32); outputs whose block has a NaN/inf operand or accumulator take
 // the engine's special-value path (NaN, or an infinity).
 //
 // Operands: the bit patterns of A (M, K) and B (K, N) with their formats (exponent and fraction
 // bits, shift, NaN/inf encoding), optional int32 exponents added per element or per block of K
-// (the ue8m0 scales of kind::mxf8f6f4). The kernel decodes them as engine._prepare does
+// (the ue8m0 scales of kind::mxf8f6f4). The kernel decodes them as fused_block.prepare_operand does
 // (exponent sentinels: zero -2**18, NaN/inf +2**20), A once per batch entry and B by strips of W
 // columns (W: one native vector register of 32-bit lanes). A term is trunc(va * vb * 2**(F - E))
 // from the exact element values where their float32 products are exact (Kind, below), else
@@ -61,7 +61,7 @@ constexpr int64_t kThreadsFrom = int64_t(1) << 21;  // products of a call worth 
 
 struct Params {
   int64_t M, N, K, chain_k, block, F;
-  int64_t group;            // products per int32 partial sum (the engine's _group_sums)
+  int64_t group;            // products per int32 partial sum (fused_block._group_sums)
   int kind;                 // Kind: how strip() reads the operands
   int64_t sblock;           // exponents added per block of sblock elements along K (0: per element)
   int32_t ab_shift;         // fab + fbb (split mode)
@@ -222,7 +222,7 @@ __attribute__((always_inline)) inline void norm2(vi hi, vi lo, vi& neg, vu& m, v
   m = (mhi << (vu)(Split - sh)) | (mlo >> s) | (vu)((vi)(lost != 0) & 1);
 }
 
-// engine._prepare of W elements' bits (fm.decode, flushing subnormals if asked) with `add` added to
+// fused_block.prepare_operand of W elements' bits (fm.decode, flushing subnormals if asked) with `add` added to
 // the exponents (ue8m0 scales): the exact value sig * 2**(exp + add - fb) (scaled in two exact
 // steps; NaN/inf give a finite placeholder), the signed significand, and the exponent with the
 // sentinels. Bits 0 (also the padding beyond M and N) decode to value 0 with the zero sentinel.

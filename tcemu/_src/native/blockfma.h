@@ -54,7 +54,7 @@ TCEMU_HD inline int32_t element_class(uint32_t bits, const Fmt& f) {
   return (int32_t)zero | (int32_t)inf << 1 | (int32_t)nan << 2 | (int32_t)((u >> (f.fb + f.eb)) & 1u) << 3;
 }
 
-// The special-value path of engine._fused for one output: NaN if a product is NaN (a NaN factor, or
+// The special-value path of fused_block.fused_block for one output: NaN if a product is NaN (a NaN factor, or
 // inf * 0), the accumulator is NaN, or infinities of both signs meet; else the infinity's sign.
 // arow: A's row (bits, along K); bcol: B's column (bits, stride n).
 TCEMU_HD TCEMU_NOINLINE inline uint32_t special_value(const uint32_t* arow, const uint32_t* bcol, int64_t n,

@@ -87,7 +87,7 @@ __device__ __forceinline__ uint32_t shr(uint32_t x, int32_t n) { return n >= 32 
 __device__ __forceinline__ uint32_t shl(uint32_t x, int32_t n) { return n >= 32 ? 0u : x << clampi(n, 0, 31); }
 __device__ __forceinline__ float pow2f(int32_t biased) { return __int_as_float(biased << 23); }
 
-// engine._prepare of one element (blockfma.cc decode): value, signed significand, exponent with
+// fused_block.prepare_operand of one element (blockfma.cc decode): value, signed significand, exponent with
 // sentinels; returns whether a float32 cannot hold its value exactly.
 __device__ bool decode(uint32_t bits, const Fmt& f, bool flush, int32_t add, float& v, float& sg, int32_t& e) {
   const uint32_t u = bits >> f.shift;
