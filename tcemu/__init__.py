@@ -9,7 +9,7 @@ GEMMs: ``tcemu.matmul``, ``tcemu.dot_general`` (a ``jax.lax.dot_general`` drop-i
 of an MMA), ``tcemu.error_vs_k`` (accumulation error as dot products grow).
 """
 from tcemu._src.api import mma, ptx, regfile
-from tcemu._src import native  # noqa: F401 (registers the compiled kernels)
+from tcemu._src import native as _native  # noqa: F401 (registers the compiled kernels)
 from tcemu._src.gemm import GemmConfig, KSchedule, dot_general, einsum, matmul
 from tcemu._src.identify import NoMatch, identify
 from tcemu._src.library import library_config, library_versions
