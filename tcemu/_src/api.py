@@ -9,7 +9,7 @@ import numpy as np
 
 from tcemu._src import formats as fm
 from tcemu._src.arch import resolve
-from tcemu._src.numerics.mma import check_key
+from tcemu._src.checks import check_key
 from tcemu._src.isa import parse as P
 from tcemu._src.isa import wmma as W
 from tcemu._src.isa.targets import check_arch

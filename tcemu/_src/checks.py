@@ -57,3 +57,26 @@ def real_array(x, where: str, name: str):
     if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_):
         raise TypeError(f"{where}: {name} must be a real numeric array, got dtype {x.dtype}")
     return x
+
+
+def check_key(key, where: str):
+    """``key`` if it is one PRNG key (``jax.random.key(...)``, or a legacy uint32[2]
+    ``jax.random.PRNGKey(...)``) or None; a TypeError/ValueError naming ``key`` otherwise."""
+    if key is None:
+        return None
+    dtype = getattr(key, "dtype", None)
+    use = "use key=jax.random.key(seed)"
+    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        if jnp.shape(key) != ():
+            raise ValueError(f"{where}: key must be one PRNG key, got an array of keys of shape {jnp.shape(key)}; {use}")
+        return key
+    if dtype == np.uint32:
+        try:
+            shape = jax.random.wrap_key_data(key).shape
+        except (TypeError, ValueError):
+            shape = None
+        if shape != ():
+            raise ValueError(f"{where}: key of dtype uint32 and shape {jnp.shape(key)} is not one legacy PRNG key; {use}")
+        return key
+    got = f"{type(key).__name__}" + (f" of dtype {dtype}" if dtype is not None else "")
+    raise TypeError(f"{where}: key must be a PRNG key, got {got}; {use}")

@@ -15,10 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tcemu._src.checks import real_array
+from tcemu._src.checks import check_key, real_array
 from tcemu._src.gemm.autodiff import emulated_matmul
 from tcemu._src.gemm.config import GemmConfig, as_config
-from tcemu._src.numerics import mma as mma_numerics
 
 
 def matmul(a, b, *, config: GemmConfig | None = None, key=None, **kwargs):
@@ -38,7 +37,7 @@ def matmul(a, b, *, config: GemmConfig | None = None, key=None, **kwargs):
     [1.0, 1.0000001192092896]
     """
     cfg = as_config(config, kwargs, "matmul")
-    key = mma_numerics.check_key(key, "matmul")
+    key = check_key(key, "matmul")
     a = real_array(a, "matmul", "a")
     b = real_array(b, "matmul", "b")
     if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
@@ -140,7 +139,7 @@ def einsum(subscripts, *operands, config: GemmConfig | None = None, key=None, **
     ((2, 1, 3), [[16.0, 16.0, 16.0]])
     """
     cfg = as_config(config, {}, "einsum")
-    dg = functools.partial(dot_general, config=cfg, key=mma_numerics.check_key(key, "einsum"))
+    dg = functools.partial(dot_general, config=cfg, key=check_key(key, "einsum"))
     if not isinstance(subscripts, str):
         raise TypeError(f"einsum: subscripts must be a string such as 'ij,jk->ik', got {type(subscripts).__name__}")
     operands = [real_array(x, "einsum", f"operand {i}") for i, x in enumerate(operands)]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from tcemu._src import formats as fm
 from tcemu._src.gemm.plan import chain_layout, lay_k, scale_unit
@@ -40,9 +39,10 @@ def _scales(kernel, scales, ins, model, plan):
     if model.scale_group is not None:  # grouped fp4: one scale per group of sg elements
         sg = model.scale_group
 
-        def per(x, ax):
-            return jnp.repeat(x, unit // sg, axis=ax) if unit >= sg else jax.lax.slice_in_dim(x, 0, None, sg // unit,
-                                                                                             axis=ax)
+        def per(x, ax):  # one entry per group: repeated from blocks, or every (sg / unit)-th
+            if unit >= sg:
+                return jnp.repeat(x, unit // sg, axis=ax)
+            return jax.lax.slice_in_dim(x, 0, None, sg // unit, axis=ax)
         sa = fm.Scale(*(per(_grouped(x, plan, k, 1, unit), 1) for x in sa))
         sb = fm.Scale(*(per(_grouped(x, plan, k, 0, unit), 0) for x in sb))
     return a_exp, b_exp, sa, sb, nan, unit

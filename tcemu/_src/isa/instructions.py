@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from tcemu._src.formats import ELEMENT_BITS  # noqa: F401 (importers take it from isa.parse)
 from tcemu._src.isa import wmma_spec as S
 
 

@@ -16,7 +16,7 @@ from tcemu._src.isa.instructions import Mma
 from tcemu._src.isa.targets import check_arch
 from tcemu._src.isa.registers import Instruction, check_regs, register_index, register_indices
 from tcemu._src.numerics import mma as mma_numerics
-from tcemu._src.numerics.mma import check_key
+from tcemu._src.checks import check_key
 
 _U32 = jnp.uint32
 

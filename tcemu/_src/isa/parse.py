@@ -14,7 +14,7 @@ parse. Anything else raises :class:`ValueError` naming the valid choices.
 from __future__ import annotations
 
 from tcemu._src.isa.instructions import (
-    BLACKWELL_KINDS, ELEMENT_BITS, F8F6F4, FLOAT_TYPES, INT_TYPES, LAYOUTS, MMA_SYNC_FORMS,
+    BLACKWELL_KINDS, F8F6F4, FLOAT_TYPES, INT_TYPES, LAYOUTS, MMA_SYNC_FORMS,
     ROUNDINGS, SCALE_TYPES, SPACES, TCGEN05_KINDS, TYPES, MatrixMove, Mma, Tcgen05, Unsupported, WmmaLoad,
     WmmaStore)
 from tcemu._src.isa.parse_mma import parse_mma_sync, parse_tcgen05, parse_wgmma
@@ -22,10 +22,11 @@ from tcemu._src.isa.parse_wmma import parse_wmma_load, parse_wmma_mma, parse_wmm
 from tcemu._src.isa.qualifiers import Quals, check_sync, clean, split
 
 # the instruction descriptions and tables are re-exported: importers take them from isa.parse
-__all__ = ["BLACKWELL_KINDS", "ELEMENT_BITS", "F8F6F4", "FLOAT_TYPES", "INT_TYPES", "LAYOUTS", "MMA_SYNC_FORMS",
+__all__ = ["BLACKWELL_KINDS", "F8F6F4", "FLOAT_TYPES", "INT_TYPES", "LAYOUTS", "MMA_SYNC_FORMS",
            "ROUNDINGS", "SCALE_TYPES", "SPACES", "TCGEN05_KINDS", "TYPES", "MatrixMove", "Mma",
            "Tcgen05", "Unsupported", "WmmaLoad", "WmmaStore", "parse", "parse_matrix_move", "parse_mma_sync",
            "parse_tcgen05", "parse_wgmma", "parse_wmma_load", "parse_wmma_mma", "parse_wmma_store"]
+
 
 def parse(spelling: str):
     """Parse any supported PTX spelling into its instruction description."""

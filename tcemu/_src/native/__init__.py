@@ -19,7 +19,10 @@ is compiled on first use with ``nvcc`` (``$TCEMU_NVCC``, ``$CUDA_HOME/bin/nvcc``
 :func:`tcemu.matmul` on the GPU backend for blocks of at most 32 products (64 for grouped fp4);
 without ``nvcc`` GEMMs run the pure-JAX path there.
 
-``TCEMU_NATIVE=0`` turns the kernels off; ``TCEMU_NATIVE=1`` makes a failed build an error.
+Both register with :mod:`tcemu._src.numerics.backends` when this module is imported (the face,
+``tcemu/__init__.py``, does), which picks them for the models :func:`supports` or
+:func:`supports_grouped` cover; building and loading is :mod:`.build`. ``TCEMU_NATIVE=0`` turns
+the kernels off; ``TCEMU_NATIVE=1`` makes a failed build an error.
 
 Example::
 

@@ -14,7 +14,6 @@ import os
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from tcemu._src import formats as fm
 from tcemu._src import sharding
@@ -22,29 +21,6 @@ from tcemu._src.numerics import engine, fma64, grouped, integer
 from tcemu._src.numerics.backends import kernel_for
 from tcemu._src.numerics.model import BlockFMA
 from tcemu._src.numerics.presets import ArchNumerics, numerics
-
-def check_key(key, where: str):
-    """``key`` if it is one PRNG key (``jax.random.key(...)``, or a legacy uint32[2]
-    ``jax.random.PRNGKey(...)``) or None; a TypeError/ValueError naming ``key`` otherwise."""
-    if key is None:
-        return None
-    dtype = getattr(key, "dtype", None)
-    use = "use key=jax.random.key(seed)"
-    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
-        if jnp.shape(key) != ():
-            raise ValueError(f"{where}: key must be one PRNG key, got an array of keys of shape {jnp.shape(key)}; {use}")
-        return key
-    if dtype == np.uint32:
-        try:
-            shape = jax.random.wrap_key_data(key).shape
-        except (TypeError, ValueError):
-            shape = None
-        if shape != ():
-            raise ValueError(f"{where}: key of dtype uint32 and shape {jnp.shape(key)} is not one legacy PRNG key; {use}")
-        return key
-    got = f"{type(key).__name__}" + (f" of dtype {dtype}" if dtype is not None else "")
-    raise TypeError(f"{where}: key must be a PRNG key, got {got}; {use}")
-
 
 def resolve_model(ins, model, arch) -> BlockFMA:
     """The :class:`BlockFMA` for a floating-point instruction: ``model`` if it is one, else the

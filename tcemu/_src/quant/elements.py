@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from tcemu._src import formats as fm
 from tcemu._src.checks import real_array
 from tcemu._src.numerics import engine
-from tcemu._src.numerics.mma import check_key
+from tcemu._src.checks import check_key
 
 FORMATS = ("f16", "bf16", "tf32", "e4m3", "e5m2", "e3m2", "e2m3", "e2m1")
 MX = ("e3m2", "e2m3", "e2m1")  # OCP MX fp6/fp4: no NaN, no infinity
