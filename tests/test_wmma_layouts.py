@@ -15,44 +15,29 @@ from conftest import capture
 CAP = "wmma_layouts_sm90.npz"
 
 
-def load_configs():
-    out = []
-    for shape, mats in S.LOAD_TYPES.items():
-        for mat, types in mats.items():
-            for et in types:
-                for lay in ("row", "col"):
-                    if S.FIXED_LAYOUT.get((shape, mat), lay) == lay:
-                        out.append((mat, lay, shape, et))
-    return out
-
-
-def store_configs():
-    return [(lay, shape, et) for shape, mats in S.LOAD_TYPES.items() for et in mats["c"] for lay in ("row", "col")]
-
-
 def test_every_config_was_captured():
     z = capture(CAP)
-    assert len(load_configs()) == 88 and len(store_configs()) == 26
-    for mat, lay, shape, et in load_configs():
+    assert len(S.load_forms()) == 88 and len(S.store_forms()) == 26
+    for mat, lay, shape, et in S.load_forms():
         assert f"ld.{mat}.{lay}.{shape}.{et}.table" in z
-    for lay, shape, et in store_configs():
+    for lay, shape, et in S.store_forms():
         assert f"st.{lay}.{shape}.{et}.table" in z
 
 
-@pytest.mark.parametrize("mat,lay,shape,et", load_configs())
+@pytest.mark.parametrize("mat,lay,shape,et", S.load_forms())
 def test_load_fragment_equals_onehot_capture(mat, lay, shape, et):
     """Every lane, register and bit slot holds the element the H200 put there (replicas too)."""
     ld = tcemu.ptx(f"wmma.load.{mat}.sync.aligned.{lay}.{shape}.{et}", arch="sm_90")
     np.testing.assert_array_equal(ld.fragment.slot_table(), capture(CAP)[f"ld.{mat}.{lay}.{shape}.{et}.table"])
 
 
-@pytest.mark.parametrize("lay,shape,et", store_configs())
+@pytest.mark.parametrize("lay,shape,et", S.store_forms())
 def test_store_fragment_equals_onehot_capture(lay, shape, et):
     st = tcemu.ptx(f"wmma.store.d.sync.aligned.{lay}.{shape}.{et}", arch="sm_90")
     np.testing.assert_array_equal(st.fragment.slot_table(), capture(CAP)[f"st.{lay}.{shape}.{et}.table"])
 
 
-@pytest.mark.parametrize("mat,lay,shape,et", load_configs())
+@pytest.mark.parametrize("mat,lay,shape,et", S.load_forms())
 def test_load_random_memory_with_stride_and_offset(mat, lay, shape, et):
     """Random bytes, explicit stride above the default, nonzero aligned p: all registers match."""
     z = capture(CAP)
@@ -64,7 +49,7 @@ def test_load_random_memory_with_stride_and_offset(mat, lay, shape, et):
         np.testing.assert_array_equal(np.asarray(regs), want)
 
 
-@pytest.mark.parametrize("lay,shape,et", store_configs())
+@pytest.mark.parametrize("lay,shape,et", S.store_forms())
 def test_store_random_registers_leaves_other_bytes(lay, shape, et):
     """Stores write exactly the matrix: every byte of the region, in and between rows, matches."""
     z = capture(CAP)
@@ -79,7 +64,7 @@ def test_store_random_registers_leaves_other_bytes(lay, shape, et):
 @pytest.mark.parametrize("arch", ["sm_75", "sm_80", "sm_86", "sm_89", "sm_100", "T4", "A100", "L40S", "H100", "B200"])
 def test_turing_and_later_share_the_measured_layouts(arch):
     sm = resolve(arch).sm
-    for mat, lay, shape, et in load_configs():
+    for mat, lay, shape, et in S.load_forms():
         if sm < max(S.MIN_SM_FOR_TYPE[et], S.MIN_SM_FOR_SHAPE.get(shape, 0)):
             continue
         sp = f"wmma.load.{mat}.sync.aligned.{lay}.{shape}.{et}"

@@ -176,7 +176,7 @@ def decode_regs(regs: np.ndarray, bits: int, problems: list, label: str):
 
 def capture_layouts(gpu, rng):
     out, problems = {}, []
-    for mat, lay, shape, et in Kn.load_configs():
+    for mat, lay, shape, et in S.load_forms():
         bits = S.ELEMENT_BITS[et]
         rows, cols = S.matrix_dims(shape, mat)
         nregs = S.FRAGMENT_REGS[(shape, mat, et)]
@@ -212,7 +212,7 @@ def capture_layouts(gpu, rng):
         out[key + ".rand_mem"] = mem
         out[key + ".rand_regs"] = regs.reshape(NRAND, 32, nregs)
         out[key + ".rand_p_stride"] = np.array([p, stride], np.int64)
-    for lay, shape, et in Kn.store_configs():
+    for lay, shape, et in S.store_forms():
         bits = S.ELEMENT_BITS[et]
         rows, cols = S.matrix_dims(shape, "d")
         nregs = S.FRAGMENT_REGS[(shape, "c", et)]

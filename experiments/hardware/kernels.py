@@ -409,23 +409,6 @@ API_KERNELS = ("\n// nvcuda::wmma C++ API cross-checks: raw fragment element bit
                + "".join(api_load_kernel(*c) for c in (("a", "row", "f16"), ("b", "col", "f16"), ("c", "row", "f32"))))
 
 
-def load_configs():
-    """Every (matrix, layout, shape, type) that wmma.load accepts."""
-    out = []
-    for shape, mats in S.LOAD_TYPES.items():
-        for mat, types in mats.items():
-            for et in types:
-                for lay in ("row", "col"):
-                    if S.FIXED_LAYOUT.get((shape, mat), lay) != lay:
-                        continue
-                    out.append((mat, lay, shape, et))
-    return out
-
-
-def store_configs():
-    return [(lay, shape, et) for shape, mats in S.LOAD_TYPES.items() for et in mats["c"] for lay in ("row", "col")]
-
-
 def load_name(mat, lay, shape, et, with_stride):
     return f"ld_{mat}_{lay}_{shape}_{et}" + ("_s" if with_stride else "")
 
@@ -436,10 +419,10 @@ def store_name(lay, shape, et, with_stride):
 
 def source() -> str:
     parts = [HEADER]
-    for cfg in load_configs():
+    for cfg in S.load_forms():
         for ws in (False, True):
             parts.append(load_kernel(load_name(*cfg, ws), *cfg, ws))
-    for cfg in store_configs():
+    for cfg in S.store_forms():
         for ws in (False, True):
             parts.append(store_kernel(store_name(*cfg, ws), *cfg, ws))
     for f in wmma_mma_forms():

@@ -95,3 +95,19 @@ MMA_INT_TYPES = ("s8", "u8")
 MMA_SUBBYTE_TYPES = ("s4", "u4")
 F64_ROUNDINGS = ("rn", "rz", "rm", "rp")
 B1_OPS = ("xor", "and")
+
+
+def load_forms() -> list[tuple[str, str, str, str]]:
+    """Every (matrix, layout, shape, type) that ``wmma.load`` accepts.
+
+    >>> len(load_forms()), load_forms()[0]
+    (88, ('a', 'row', 'm16n16k16', 'f16'))
+    """
+    return [(mat, lay, shape, et) for shape, mats in LOAD_TYPES.items() for mat, types in mats.items()
+            for et in types for lay in ("row", "col") if FIXED_LAYOUT.get((shape, mat), lay) == lay]
+
+
+def store_forms() -> list[tuple[str, str, str]]:
+    """Every (layout, shape, type) that ``wmma.store.d`` accepts (the types of C)."""
+    return [(lay, shape, et) for shape, mats in LOAD_TYPES.items() for et in mats["c"] for lay in ("row", "col")]
+
