@@ -170,14 +170,16 @@ def _emulate(case, rows, cols, cfg):
 def _emulate_fast(case, rows, cols, cfg):
     """``_emulate`` through identify's chain evaluator (equal to matmul:
     test_chain_evaluator_equals_matmul), where the CPU kernel runs it: no compile per case."""
+    from tcemu._src.gemm.execute import kernel_of
     from tcemu._src.identify import _Chains, _raw, _widened
 
-    if not _Chains.usable(cfg):
+    kernel = kernel_of(cfg)
+    if kernel is None:
         return _emulate(case, rows, cols, cfg)
     base = tcemu.GemmConfig(arch=cfg.arch, instruction=cfg.instruction)
 
     def chains(a, b):
-        ev = _Chains(base, _raw(_widened(a, cfg.ins.atype)), _raw(_widened(b, cfg.ins.btype)))
+        ev = _Chains(base, kernel, _raw(_widened(a, cfg.ins.atype)), _raw(_widened(b, cfg.ins.btype)))
         with np.errstate(over="ignore"):
             return ev(cfg.schedule, case["K"], np.arange(len(a))).astype(C.NUMPY[case["out"]])
 
@@ -234,6 +236,7 @@ def test_xla_split_k_equals_the_captured_hlo():
 
 def test_chain_evaluator_equals_matmul():
     # identify's fast filter (CPU kernel chains, float32 combination in numpy) against matmul
+    from tcemu._src.gemm.execute import kernel_of
     from tcemu._src.identify import _Chains, _raw
 
     rng = np.random.default_rng(3)
@@ -243,9 +246,10 @@ def test_chain_evaluator_equals_matmul():
         a = (rng.standard_normal((6, 700)) * 2.0 ** rng.integers(-8, 8, (6, 700))).astype(dt)
         b = (rng.standard_normal((700, 5)) * 2.0 ** rng.integers(-8, 8, (700, 5))).astype(dt)
         base = tcemu.GemmConfig(arch="H100", instruction=ins)
-        if not _Chains.usable(base):
+        kernel = kernel_of(base)
+        if kernel is None:
             pytest.skip("the CPU kernel is not available")
-        ev = _Chains(base, _raw(a), _raw(b))
+        ev = _Chains(base, kernel, _raw(a), _raw(b))
         for sched in (tcemu.KSchedule(), tcemu.KSchedule(k_tile=128, slices=5, promotion=128),
                       tcemu.KSchedule(k_tile=64, slices=3, slice_align=8, reduction="pairwise", partials="bf16"),
                       tcemu.KSchedule(slices=37, slice_align=16, reduction="shuffle"),

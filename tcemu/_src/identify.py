@@ -163,16 +163,12 @@ class _Chains:
     plan, so reductions and partial types cost no kernel call. A filter only: what it accepts is
     confirmed through :func:`tcemu.matmul`."""
 
-    def __init__(self, cfg: GemmConfig, a_bits, b_bits):
+    def __init__(self, cfg: GemmConfig, kernel, a_bits, b_bits):
         ins = cfg.ins
-        self.kernel, self.model = kernel_of(cfg), cfg.numerics
+        self.kernel, self.model = kernel, cfg.numerics
         self.afmt, self.bfmt, self.k = fm.FORMATS[ins.atype], fm.FORMATS[ins.btype], ins.k
         self.a, self.b = a_bits.astype(np.uint32), b_bits.astype(np.uint32)  # (R, K), (K, C)
         self.cache = {}
-
-    @staticmethod
-    def usable(cfg: GemmConfig) -> bool:
-        return cfg.ins.dtype == "f32" and kernel_of(cfg) is not None
 
     def chains(self, plan, rows):
         """(S * G, R, C) float32 results of the plan's chains (slice s, promotion group j at s * G + j)."""
@@ -357,10 +353,11 @@ class _Sample:
 
     def evaluators(self, base: GemmConfig):
         """Per batch index, the chain evaluator of ``base``'s instruction (None: off the kernel)."""
-        if not _Chains.usable(base):
+        kernel = kernel_of(base)
+        if kernel is None:
             return None
         A = _raw(_widened(self.A, base.ins.atype))
-        return {x: _Chains(base, A, _raw(_widened(B, base.ins.btype))) for x, B in self.Bs.items()}
+        return {x: _Chains(base, kernel, A, _raw(_widened(B, base.ins.btype))) for x, B in self.Bs.items()}
 
     def run(self, cfg, sel):
         """``cfg``'s outputs on the rows ``sel``, through :func:`tcemu.matmul`."""

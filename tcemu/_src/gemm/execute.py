@@ -29,7 +29,10 @@ from tcemu._src.numerics.backends import kernel_for
 def kernel_of(cfg: GemmConfig):
     """The compiled kernel that runs this config's GEMMs (f32 accumulation, a deterministic model
     it covers), or None: the pure-JAX path."""
-    ins, model = cfg.ins, cfg.numerics
+    return _kernel(cfg.ins, cfg.numerics)
+
+
+def _kernel(ins, model):
     if ins.dtype != "f32" or model.stochastic:
         return None
     return kernel_for(model, fm.FORMATS[ins.atype], fm.FORMATS[ins.btype], ins.k, "f32", gemm=True)
@@ -47,7 +50,7 @@ def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None, scales=None):
     plan = cfg.k_schedule.plan(a_bits.shape[1], ins.k)
     if scales is not None:
         check_block_aligned(plan, ins.scale_block, repr(ins.spelling))
-    kernel = kernel_of(cfg)
+    kernel = _kernel(ins, model)
     if kernel is not None:
         out = on_kernel.run(kernel, a_bits, b_bits, ins, model, plan, scales)
         if out is not None:
