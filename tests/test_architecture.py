@@ -21,8 +21,8 @@ LAYERS = [
     ("isa", ["tcemu._src.isa"]),
     ("value", ["tcemu._src.api"]),
     ("gemm", ["tcemu._src.gemm"]),
-    ("tools", ["tcemu._src.identify", "tcemu._src.library", "tcemu._src.captures", "tcemu._src.studies",
-               "tcemu._src.probe", "tcemu._src.probe_box", "tcemu._src.draw"]),
+    ("tools", ["tcemu._src.identify", "tcemu._src.library", "tcemu._src.library_layers", "tcemu._src.captures", "tcemu._src.studies",
+               "tcemu._src.probe", "tcemu._src.probe_box", "tcemu._src.draw", "tcemu._src.emulate"]),
     ("face", ["tcemu"]),
     ("cli", ["tcemu.__main__"]),
 ]

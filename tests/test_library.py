@@ -171,7 +171,7 @@ def _emulate_fast(case, rows, cols, cfg):
     """``_emulate`` through identify's chain evaluator (equal to matmul:
     test_chain_evaluator_equals_matmul), where the CPU kernel runs it: no compile per case."""
     from tcemu._src.gemm.execute import kernel_of
-    from tcemu._src.identify import _Chains, _raw, _widened
+    from tcemu._src.identify.sample import Chains as _Chains, _raw, _widened
 
     kernel = kernel_of(cfg)
     if kernel is None:
@@ -237,7 +237,7 @@ def test_xla_split_k_equals_the_captured_hlo():
 def test_chain_evaluator_equals_matmul():
     # identify's fast filter (CPU kernel chains, float32 combination in numpy) against matmul
     from tcemu._src.gemm.execute import kernel_of
-    from tcemu._src.identify import _Chains, _raw
+    from tcemu._src.identify.sample import Chains as _Chains, _raw
 
     rng = np.random.default_rng(3)
     for ins, dt, scheds in (("m16n8k16.f32.f16.f16.f32", np.float16, slice(2, None)),
@@ -278,7 +278,7 @@ def test_library_config_nearest_shape_rule():
 
 
 @pytest.mark.parametrize("kwargs,err,msg", [
-    (dict(lib="torch.matmul"), ValueError, "lib must be one of torch.mm, torch.bmm, torch._scaled_mm, jnp.dot"),
+    (dict(lib="torch.einsum"), ValueError, "lib must be one of torch.mm, torch.bmm, torch._scaled_mm, jnp.dot, F.linear"),
     (dict(arch="A100"), ValueError, "arch must be one of H100, H200"),
     (dict(a="f64"), ValueError, "a must be one of f16, bf16, e4m3, e5m2"),
     (dict(out="e4m3"), ValueError, "out must be one of f32, f16, bf16"),

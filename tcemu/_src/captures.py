@@ -15,6 +15,10 @@ use this module; it depends on numpy and ``formats`` only.
 
 Values: random sign, exponent uniform over 8 binades around 1 (2^-5 .. 2^2 times 1.f), random
 fraction bits; no zeros, no specials.
+
+The layer captures (``experiments/hardware/layer_gemm.py``) add epilogue operands, each with its
+own stream of bits (``_TAG``; A's and B's are unchanged): a bias row (N,) (``bias_values``), a full
+C (batch, M, N) (``c_rows``), and the row-wise fp8 scales (``scale_values``), all of the case's seed.
 """
 from __future__ import annotations
 
@@ -29,7 +33,9 @@ INPUT_TYPES = ("f16", "bf16", "e4m3", "e5m2")
 OUTPUT_TYPES = ("f16", "bf16", "f32")
 NUMPY = {t: np.dtype(VALUE_DTYPES[t]) for t in INPUT_TYPES + ("f32",)}  # the numpy dtype of each type
 OUT_STORAGE = {t: np.dtype(f"uint{8 * NUMPY[t].itemsize}") for t in OUTPUT_TYPES}  # output bits
-_TAG = {"a": 0x243F6A8885A308D3, "b": 0x13198A2E03707344}
+# pi's hexadecimal digits, 64 bits an operand (A and B first, as the library captures were made)
+_TAG = {"a": 0x243F6A8885A308D3, "b": 0x13198A2E03707344, "bias": 0xA4093822299F31D0,
+        "c": 0x082EFA98EC4E6C89, "scale_a": 0x452821E638D01377, "scale_b": 0xBE5466CF34E90C6C}
 
 
 def _mix(x, xp):
@@ -42,8 +48,9 @@ def _mix(x, xp):
 
 
 def operand_bits(seed: int, which: str, fmt: str, flat, xp=np):
-    """Bit patterns (uint8/uint16) of elements ``flat`` (flat indices into the row-major operand)
-    of operand ``which`` ("a" or "b") in format ``fmt`` (one of ``INPUT_TYPES``)."""
+    """Bit patterns (uint8/16/32) of elements ``flat`` (flat indices into the row-major operand)
+    of operand ``which`` (a key of ``_TAG``: "a", "b", "bias", "c", ...) in format ``fmt`` (one of
+    ``INPUT_TYPES``, or "f32" for the scales)."""
     f = FORMATS[fmt]
     fb = f.fraction_bits
     x = xp.asarray(flat).astype(xp.uint64) + xp.uint64((seed * 0x9E3779B97F4A7C15 + _TAG[which]) % 2**64)
@@ -70,10 +77,36 @@ def b_cols(case: dict, batch: int, cols, xp=np):
     return operand_bits(case["seed"], "b", case["b"], idx, xp)
 
 
+def c_rows(case: dict, rows, cols, xp=np):
+    """Rows ``rows`` (flat over batch * M) and columns ``cols`` of C (batch, M, N) as bits, in the
+    format ``case["c"]``, shape (len(rows), len(cols))."""
+    idx = xp.asarray(rows, dtype=xp.int64)[:, None] * case["N"] + xp.asarray(cols, dtype=xp.int64)[None]
+    return operand_bits(case["seed"], "c", case["c"], idx, xp)
+
+
+def bias_values(case: dict, cols=None):
+    """The bias row (N,) (elements ``cols``, all by default) as values of the format ``case["bias"]``."""
+    idx = np.arange(case["N"]) if cols is None else np.asarray(cols, dtype=np.int64)
+    return operand_bits(case["seed"], "bias", case["bias"], idx).view(NUMPY[case["bias"]])
+
+
+def scale_values(case: dict, which: str, idx=None):
+    """Row-wise fp8 scales as float32: ``scale_a`` (M,) or ``scale_b`` (N,) (elements ``idx``, all by
+    default); positive, exponent over 2^-5 .. 2^2, all 23 fraction bits random."""
+    idx = np.arange(case["M" if which == "scale_a" else "N"]) if idx is None else np.asarray(idx, dtype=np.int64)
+    return (operand_bits(case["seed"], which, "f32", idx) & np.uint32(0x7FFFFFFF)).view(np.float32)
+
+
+def shape_of(case: dict, which: str) -> tuple:
+    """Operand shapes: A (batch, M, K), B (batch, K, N), C (batch, M, N) (batch 1 when unbatched),
+    bias (N,)."""
+    bt, M, N, K = case["batch"] or 1, case["M"], case["N"], case["K"]
+    return {"a": (bt, M, K), "b": (bt, K, N), "c": (bt, M, N), "bias": (N,)}[which]
+
+
 def full(case: dict, which: str, xp=np):
-    """The whole operand as bits: A (batch, M, K) or B (batch, K, N) (batch 1 when unbatched)."""
-    bt = case["batch"] or 1
-    shape = (bt, case["M"], case["K"]) if which == "a" else (bt, case["K"], case["N"])
+    """The whole operand as bits (``shape_of``), in the format ``case[which]``."""
+    shape = shape_of(case, which)
     n = int(np.prod(shape))
     return operand_bits(case["seed"], which, case[which], xp.arange(n, dtype=xp.int64), xp).reshape(shape)
 

@@ -132,7 +132,8 @@ def _tiles(M, N, batch):
     return (batch or 1) * math.ceil(M / 128) * math.ceil(N / 128)
 
 
-def _distance(row, M, N, K, batch):
+def distance(row, M, N, K, batch) -> float:
+    """How far a table row's shape is from (M, N, K, batch) (0: the same tiles, K and divisibility)."""
     d = abs(math.log2(_tiles(M, N, batch) / _tiles(row["M"], row["N"], row["batch"]))) + abs(math.log2(K / row["K"]))
     d += 4 * ((K % 8 == 0) != (row["K"] % 8 == 0)) + 4 * ((N % 8 == 0) != (row["N"] % 8 == 0))
     return d + (bool(batch) != bool(row["batch"]))
@@ -215,36 +216,37 @@ def _xla_autotune_off(gpu: str, M: int, N: int, K: int, batch: int | None, a: st
                                          reduction="sequential" if S < 32 else "shuffle"))
 
 
-def library_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, batch: int | None = None,
-                   **flags) -> GemmConfig:
-    """The :class:`GemmConfig` with which ``tcemu.matmul`` gives what ``lib`` returns on ``arch``.
+def nearest_row(lib: str, *, arch: str, M: int, N: int, K: int, a: str, b: str, out: str, batch: int | None,
+                **flags) -> dict:
+    """The table row of ``lib`` nearest to the shape (checked arguments; ``flags`` complete)."""
+    gpu = _gpu(arch)
+    rows = [r for r in _table()[1] if r["lib"] == lib and r["arch"] == gpu and (r["a"], r["b"], r["out"]) == (a, b, out)
+            and {f: r["flags"].get(f, FLAG_DEFAULTS[f]) for f in LIBRARIES[lib]} == flags]
+    if not rows:
+        have = sorted({(r["a"], r["b"], r["out"]) for r in _table()[1] if r["lib"] == lib})
+        raise ValueError(f"library_config: no measurements of {lib} with {a} x {b} -> {out}; measured: "
+                         + ", ".join(f"{x} x {y} -> {z}" for x, y, z in have))
+    return min(rows, key=lambda r: (distance(r, M, N, K, batch), abs(math.log2(M / r["M"])) + abs(math.log2(N / r["N"])),
+                                    r["M"] * r["N"] * r["K"]))
 
-    ``lib``: "torch.mm", "torch.bmm", "torch._scaled_mm" or "jnp.dot"; ``arch``: "H100" or "H200";
-    ``a``, ``b``: input types ("f16", "bf16", "e4m3", "e5m2" or dtypes); ``out``: "f32", "f16" or
-    "bf16"; ``batch``: the batch size of a batched product (torch.bmm, batched jnp.dot). Flags:
-    ``reduced_precision_reduction`` (torch.mm/bmm: torch's
-    ``allow_{fp16,bf16}_reduced_precision_reduction``, default True), ``use_fast_accum``
-    (torch._scaled_mm, default False) and ``xla_autotune`` (jnp.dot: False for
-    ``XLA_FLAGS=--xla_gpu_autotune_level=0``; default True). With XLA's autotuner on, each new
-    process times candidate kernels and may pick another one: on the H100, 10 of 90 jnp.dot
-    shapes gave other bits in another process. With it off XLA's choices, and bits, are the same
-    in every process, and the answer follows XLA's rules for any shape (no table).
 
-    >>> import tcemu
-    >>> cfg = tcemu.library_config("jnp.dot", arch="H100", M=128, N=128, K=8192, a="bf16", b="bf16",
-    ...                            out="f32", xla_autotune=False)
-    >>> cfg.instruction
-    'm16n8k16.f32.bf16.bf16.f32'
-    >>> cfg.schedule.describe()                    # XLA's split-K: 64 slices, a warp-shuffle reduction
-    'k-tile 16, residue last, 64 slices aligned to 8, shuffle reduction of f32 partials'
-    """
-    if lib not in LIBRARIES:
-        raise ValueError(f"library_config: lib must be one of {', '.join(LIBRARIES)}, got {lib!r}")
+def check_common(arch, M, N, K, a, b, out, batch):
+    """``library_config``'s shared arguments checked: (GPU, M, N, K, a, b, out)."""
     gpu = _gpu(arch)
     M, N, K = _dim(M, "M"), _dim(N, "N"), _dim(K, "K")
     if batch is not None:
         _dim(batch, "batch")
-    a, b, out = _type(a, "a", TYPES), _type(b, "b", TYPES), _type(out, "out", OUTS)
+    return gpu, M, N, K, _type(a, "a", TYPES), _type(b, "b", TYPES), _type(out, "out", OUTS)
+
+
+def gemm_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, batch: int | None = None,
+                **flags) -> GemmConfig:
+    """:func:`tcemu.library_config` for the bare GEMMs (``lib`` one of :data:`LIBRARIES`).
+
+    >>> gemm_config("torch.mm", arch="H100", M=4096, N=4096, K=4096, a="bf16", b="bf16", out="bf16").instruction
+    'm16n8k16.f32.bf16.bf16.f32'
+    """
+    gpu, M, N, K, a, b, out = check_common(arch, M, N, K, a, b, out, batch)
     unknown = sorted(set(flags) - set(LIBRARIES[lib]))
     if unknown:
         raise TypeError(f"library_config: {lib} takes no flag {', '.join(unknown)}; its flags: "
@@ -255,12 +257,5 @@ def library_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, ba
             raise TypeError(f"library_config: {f} must be True or False, got {v!r}")
     if lib == "jnp.dot" and not flags["xla_autotune"]:
         return _xla_autotune_off(gpu, M, N, K, batch, a, b, out)
-    rows = [r for r in _table()[1] if r["lib"] == lib and r["arch"] == gpu and (r["a"], r["b"], r["out"]) == (a, b, out)
-            and {f: r["flags"].get(f, FLAG_DEFAULTS[f]) for f in LIBRARIES[lib]} == flags]
-    if not rows:
-        have = sorted({(r["a"], r["b"], r["out"]) for r in _table()[1] if r["lib"] == lib})
-        raise ValueError(f"library_config: no measurements of {lib} with {a} x {b} -> {out}; measured: "
-                         + ", ".join(f"{x} x {y} -> {z}" for x, y, z in have))
-    best = min(rows, key=lambda r: (_distance(r, M, N, K, batch), abs(math.log2(M / r["M"])) + abs(math.log2(N / r["N"])),
-                                    r["M"] * r["N"] * r["K"]))
+    best = nearest_row(lib, arch=gpu, M=M, N=N, K=K, a=a, b=b, out=out, batch=batch, **flags)
     return _kernel_form(best, config_of(best, gpu), K, N)

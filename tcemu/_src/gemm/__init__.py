@@ -32,13 +32,15 @@ The package is the GEMM's pipeline, a module a step:
 * :mod:`.execute`: the backend chosen in one place, batches over devices; :mod:`.xla` (pure JAX,
   the reference) and :mod:`.kernel` (the compiled kernels) run the plan;
 * :mod:`.reduce`: promotion groups and split-K partials combined;
-* :mod:`.epilogue`: D to float32, tensor scales;
+* :mod:`.epilogue`: the kernel's epilogue (:class:`Epilogue`: scales, alpha, beta * C, bias, the
+  output type), the NVFP4 tensor scales;
 * :mod:`.autodiff`: straight-through quantisation and the backward GEMMs;
 * :mod:`.api`: :func:`matmul`, :func:`dot_general`, :func:`einsum`.
 """
 from tcemu._src.gemm.api import dot_general, einsum, matmul
 from tcemu._src.gemm.config import GemmConfig
+from tcemu._src.gemm.epilogue import Epilogue
 from tcemu._src.gemm.execute import batched_gemm_bits, gemm_bits
 from tcemu._src.gemm.schedule import KSchedule
 
-__all__ = ["GemmConfig", "KSchedule", "batched_gemm_bits", "dot_general", "einsum", "gemm_bits", "matmul"]
+__all__ = ["Epilogue", "GemmConfig", "KSchedule", "batched_gemm_bits", "dot_general", "einsum", "gemm_bits", "matmul"]

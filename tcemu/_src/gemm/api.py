@@ -15,19 +15,72 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tcemu._src import formats as fm
 from tcemu._src.checks import check_key, real_array
 from tcemu._src.gemm.autodiff import emulated_matmul
 from tcemu._src.gemm.config import GemmConfig, as_config
+from tcemu._src.gemm.epilogue import OUT_TYPES, finish
+
+_OUT_DTYPES = {jnp.dtype(jnp.float32): "f32", jnp.dtype(jnp.float16): "f16", jnp.dtype(jnp.bfloat16): "bf16",
+               jnp.dtype(jnp.float8_e4m3fn): "e4m3", jnp.dtype(jnp.float8_e5m2): "e5m2"}
 
 
-def matmul(a, b, *, config: GemmConfig | None = None, key=None, **kwargs):
-    """``a @ b`` for (..., M, K) and (..., K, N) (or (K, N)) with a tensor core's exact numerics.
+def _out_type(v, where: str) -> str:
+    """An output type name of ``OUT_TYPES`` from a name or a dtype."""
+    if isinstance(v, str) and v in OUT_TYPES:
+        return v
+    try:
+        name = _OUT_DTYPES.get(jnp.dtype(v))
+    except TypeError:
+        name = None
+    if name is None:
+        raise ValueError(f"{where}: out_type must be one of {', '.join(OUT_TYPES)} (or the JAX dtype), got {v!r}")
+    return name
+
+
+def _epilogue_operands(where: str, out_shape, *, alpha, beta, c, bias, scale_a, scale_b) -> dict:
+    """The checked epilogue operands: scalars ``alpha``, ``beta``; arrays ``c``, ``bias``,
+    ``scale_a``, ``scale_b`` that broadcast to the output's shape."""
+    if beta is not None and c is None:
+        raise ValueError(f"{where}: beta scales c; give c= with beta=")
+    ops = {}
+    for name, v in (("alpha", alpha), ("beta", beta)):
+        if v is not None:
+            v = real_array(v, where, name)
+            if v.ndim:
+                raise ValueError(f"{where}: {name} must be a scalar, got shape {v.shape}")
+            ops[name] = v
+    for name, v in (("c", c), ("bias", bias), ("scale_a", scale_a), ("scale_b", scale_b)):
+        if v is None:
+            continue
+        v = real_array(v, where, name)
+        try:
+            ok = np.broadcast_shapes(v.shape, tuple(out_shape)) == tuple(out_shape)
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(f"{where}: {name} of shape {v.shape} does not broadcast to the output's shape "
+                             f"{tuple(out_shape)}" + (" (bias: (N,), one value per output column)" if name == "bias" else ""))
+        ops[name] = v
+    return ops
+
+
+def matmul(a, b, *, c=None, bias=None, alpha=None, beta=None, scale_a=None, scale_b=None, out_type=None,
+           config: GemmConfig | None = None, key=None, **kwargs):
+    """``a @ b`` for (..., M, K) and (..., K, N) (or (K, N)) with a tensor core's exact numerics,
+    and the kernel's epilogue: ``out_type(scale_a * scale_b * alpha * (a @ b) + beta * c + bias)``.
 
     ``config`` (a :class:`GemmConfig`) or its fields as keywords (``arch=``, ``instruction=``,
     ``k_order=``, ...). Inputs are rounded to the instruction's formats (straight-through
-    gradient); the result is float32 (float16 for f16-accumulating instructions, widened).
-    Differentiable: the backward GEMMs follow ``config.grad_lhs`` / ``config.grad_rhs``.
-    ``key``: PRNG key for stochastic quantisation or rounding. With K = 0 the result is +0 (the
+    gradient). The epilogue (:class:`tcemu.Epilogue`, ``config.epilogue``: in which order and
+    precision) takes ``scale_a`` and ``scale_b`` (fp8 scales: scalars per tensor, or (..., M, 1)
+    and (1, N) row-wise), scalars ``alpha`` and ``beta``, ``c`` (broadcasting to (..., M, N)) and
+    ``bias`` ((N,), added to every row as ``nn.Linear``'s); absent operands are skipped. The
+    result has ``out_type`` ("f32", "f16", "bf16", "e4m3", "e5m2" or the dtype; default float32,
+    where an f16-accumulating instruction's D is widened exactly).
+    Differentiable: the backward GEMMs follow ``config.grad_lhs`` / ``config.grad_rhs``, the
+    epilogue's roundings pass gradients straight through.
+    ``key``: PRNG key for stochastic quantisation or rounding. With K = 0 the product is +0 (the
     accumulator's initial value), with M = 0 or N = 0 an empty array, as ``jnp.matmul`` gives.
 
     >>> import jax.numpy as jnp, tcemu
@@ -35,6 +88,9 @@ def matmul(a, b, *, config: GemmConfig | None = None, key=None, **kwargs):
     >>> b = jnp.array([[1.0] + [2.0**-13] * 4], jnp.bfloat16).T
     >>> [float(tcemu.matmul(a, b, arch=g)[0, 0]) for g in ("A100", "H100")]   # 24 and 25 fraction bits
     [1.0, 1.0000001192092896]
+    >>> x = jnp.ones((2, 3)); w = jnp.ones((3, 4)); b = jnp.arange(4.0)
+    >>> tcemu.matmul(x, w, bias=b, out_type="bf16", arch="H100").tolist()[0]   # x @ w + b
+    [3.0, 4.0, 5.0, 6.0]
     """
     cfg = as_config(config, kwargs, "matmul")
     key = check_key(key, "matmul")
@@ -52,9 +108,16 @@ def matmul(a, b, *, config: GemmConfig | None = None, key=None, **kwargs):
     if cfg.quantize == "stochastic" and key is None:
         raise ValueError("quantize='stochastic' needs key=jax.random.key(...)")
     out_shape = tuple(batch) + (a.shape[-2], b.shape[-1])
-    if a.shape[-1] == 0 or 0 in out_shape:  # no products: D = +0, the chain's first C
-        return jnp.zeros(out_shape, jnp.float32)
-    return emulated_matmul(a, b, key, cfg)
+    out = "f32" if out_type is None else _out_type(out_type, "matmul")
+    ops = _epilogue_operands("matmul", out_shape, alpha=alpha, beta=beta, c=c, bias=bias, scale_a=scale_a,
+                             scale_b=scale_b)
+    if 0 in out_shape:
+        return jnp.zeros(out_shape, fm.VALUE_DTYPES[out])
+    if a.shape[-1] == 0:  # no products: D = +0, the chain's first C
+        acc = jnp.zeros(out_shape, jnp.float32)
+    else:
+        acc = emulated_matmul(a, b, key, cfg)
+    return acc if out == "f32" and not ops else finish(acc, ops, out, cfg.epilogue)
 
 
 def _dimension_numbers(dimension_numbers, lhs, rhs):
@@ -91,13 +154,16 @@ def _dimension_numbers(dimension_numbers, lhs, rhs):
 
 
 def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *,
-                out_sharding=None, config: GemmConfig | None = None, key=None):
+                out_sharding=None, config: GemmConfig | None = None, key=None, c=None, bias=None, alpha=None,
+                beta=None, scale_a=None, scale_b=None):
     """Drop-in for :func:`jax.lax.dot_general` computing with :func:`matmul`'s emulated numerics.
 
     Use ``functools.partial(tcemu.dot_general, config=tcemu.GemmConfig(...))`` as the
     ``dot_general`` of ``flax.nnx.Linear`` / ``flax.linen.Dense``. ``precision`` is ignored (the
     config decides); ``preferred_element_type`` sets the output dtype (default: the promoted
-    input dtype, as in JAX).
+    input dtype, as in JAX), rounded by the epilogue. The epilogue operands are
+    :func:`matmul`'s, broadcasting against the output in ``dot_general``'s layout (batch, lhs
+    free, rhs free dimensions).
 
     >>> import jax.numpy as jnp, tcemu
     >>> x = jnp.ones((8, 2), jnp.bfloat16); y = jnp.ones((8, 3), jnp.bfloat16)
@@ -120,23 +186,36 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     size = lambda shape, idx: int(np.prod([shape[i] for i in idx], dtype=np.int64))  # noqa: E731
     L = jnp.transpose(lhs, lb + tuple(lf) + lc).reshape(size(ls, lb), size(ls, lf), size(ls, lc))
     R = jnp.transpose(rhs, rb + rc + tuple(rf)).reshape(size(rs, rb), size(rs, rc), size(rs, rf))
-    out = matmul(L if lb else L[0], R if rb else R[0], config=cfg, key=key)
-    out = out.reshape(tuple(ls[i] for i in lb) + tuple(ls[i] for i in lf) + tuple(rs[i] for i in rf))
-    out = out.astype(dtype)
+    shape = tuple(ls[i] for i in lb) + tuple(ls[i] for i in lf) + tuple(rs[i] for i in rf)
+    ops = _epilogue_operands("dot_general", shape, alpha=alpha, beta=beta, c=c, bias=bias, scale_a=scale_a,
+                             scale_b=scale_b)
+    out = matmul(L if lb else L[0], R if rb else R[0], config=cfg, key=key).reshape(shape)
+    if dtype in _OUT_DTYPES and 0 not in shape:
+        out = finish(out, ops, _OUT_DTYPES[dtype], cfg.epilogue)
+    elif ops:
+        raise ValueError(f"dot_general: epilogue operands need an output type of {', '.join(OUT_TYPES)}, "
+                         f"got preferred_element_type {dtype}")
+    else:
+        out = out.astype(dtype)
     if out_sharding is not None:
         out = jax.lax.with_sharding_constraint(out, out_sharding)
     return out
 
 
-def einsum(subscripts, *operands, config: GemmConfig | None = None, key=None, **kwargs):
+def einsum(subscripts, *operands, config: GemmConfig | None = None, key=None, c=None, bias=None, alpha=None,
+           beta=None, scale_a=None, scale_b=None, **kwargs):
     """:func:`jax.numpy.einsum` whose contractions run through :func:`dot_general`. Subscripts
-    that do not fit the operands raise a ValueError naming ``subscripts``.
+    that do not fit the operands raise a ValueError naming ``subscripts``. With two operands
+    (one contraction) it takes :func:`matmul`'s epilogue operands, broadcasting against the
+    output; the output type is ``preferred_element_type`` (default: the inputs' type).
 
     >>> import jax.numpy as jnp, tcemu
     >>> a = jnp.ones((2, 1, 16), jnp.float16); b = jnp.ones((2, 16, 3), jnp.float16)
     >>> out = tcemu.einsum("bij,bjk->bik", a, b, config=tcemu.GemmConfig(arch="A100"))
     >>> out.shape, out[1].tolist()
     ((2, 1, 3), [[16.0, 16.0, 16.0]])
+    >>> tcemu.einsum("bij,bjk->bik", a, b, bias=jnp.arange(3.0), config=tcemu.GemmConfig(arch="A100"))[0].tolist()
+    [[16.0, 17.0, 18.0]]
     """
     cfg = as_config(config, {}, "einsum")
     dg = functools.partial(dot_general, config=cfg, key=check_key(key, "einsum"))
@@ -144,8 +223,16 @@ def einsum(subscripts, *operands, config: GemmConfig | None = None, key=None, **
         raise TypeError(f"einsum: subscripts must be a string such as 'ij,jk->ik', got {type(subscripts).__name__}")
     operands = [real_array(x, "einsum", f"operand {i}") for i, x in enumerate(operands)]
     try:  # jnp.einsum's own checks of the subscripts against the operands, before any contraction
-        jax.eval_shape(lambda *xs: jnp.einsum(subscripts, *xs, **kwargs), *operands)
+        shape = jax.eval_shape(lambda *xs: jnp.einsum(subscripts, *xs, **kwargs), *operands)
     except (ValueError, TypeError, IndexError) as e:
         raise ValueError(f"einsum: subscripts {subscripts!r} do not fit operands of shapes "
                          f"{[x.shape for x in operands]}: {e}") from None
-    return jnp.einsum(subscripts, *operands, _dot_general=dg, **kwargs)
+    given = dict(c=c, bias=bias, alpha=alpha, beta=beta, scale_a=scale_a, scale_b=scale_b)
+    if all(v is None for v in given.values()):
+        return jnp.einsum(subscripts, *operands, _dot_general=dg, **kwargs)
+    if len(operands) != 2 or shape.dtype not in _OUT_DTYPES:
+        raise ValueError(f"einsum: epilogue operands need two operands (one contraction) and an output type of "
+                         f"{', '.join(OUT_TYPES)}; got {len(operands)} operands, output {shape.dtype}")
+    ops = _epilogue_operands("einsum", shape.shape, **given)
+    acc = jnp.einsum(subscripts, *operands, _dot_general=dg, **(kwargs | {"preferred_element_type": jnp.float32}))
+    return finish(acc, ops, _OUT_DTYPES[shape.dtype], cfg.epilogue)

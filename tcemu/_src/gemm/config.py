@@ -12,6 +12,7 @@ import dataclasses
 import functools
 
 from tcemu._src.arch import resolve
+from tcemu._src.gemm.epilogue import Epilogue
 from tcemu._src.gemm.schedule import KSchedule
 from tcemu._src.isa.parse import Mma, parse
 from tcemu._src.isa.targets import check_arch
@@ -42,6 +43,8 @@ class GemmConfig:
         (needs ``key=``).
       grad_lhs, grad_rhs: configs of the backward GEMMs dA = dY B^T and dB = A^T dY; ``None``
         computes them exactly in float32.
+      epilogue: a :class:`tcemu.Epilogue`: where the kernel adds ``c`` and ``bias``, in which
+        order it applies the input scales, whether the output saturates.
 
     >>> import tcemu
     >>> tcemu.GemmConfig(arch="A100", instruction="m16n8k8.f32.tf32.tf32.f32").ins.k
@@ -58,6 +61,7 @@ class GemmConfig:
     quantize: str = "rne"
     grad_lhs: "GemmConfig | None" = None
     grad_rhs: "GemmConfig | None" = None
+    epilogue: Epilogue = Epilogue()
 
     def __post_init__(self):
         arch = resolve(self.arch)
@@ -71,6 +75,8 @@ class GemmConfig:
         check_model(self.model, "GemmConfig")
         if self.schedule is not None and not isinstance(self.schedule, KSchedule):
             raise TypeError(f"GemmConfig.schedule must be a tcemu.KSchedule or None, got {self.schedule!r}")
+        if not isinstance(self.epilogue, Epilogue):
+            raise TypeError(f"GemmConfig.epilogue must be a tcemu.Epilogue, got {self.epilogue!r}")
         for name in ("grad_lhs", "grad_rhs"):
             v = getattr(self, name)
             if v is not None and not isinstance(v, GemmConfig):

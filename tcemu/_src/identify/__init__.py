@@ -16,23 +16,15 @@ from __future__ import annotations
 import functools
 import time
 
-import jax
-import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from tcemu._src import formats as fm
 from tcemu._src.arch import resolve
-from tcemu._src.gemm import GemmConfig, KSchedule, matmul
-from tcemu._src.gemm.execute import kernel_of
-from tcemu._src.gemm.plan import chain_index, chain_layout
-from tcemu._src.gemm.reduce import NUMPY, combine_chains
+from tcemu._src.gemm import GemmConfig, KSchedule
 from tcemu._src.gemm.schedule import REDUCTIONS
+from tcemu._src.identify.sample import INPUT_TYPES, OUTPUT_TYPES, Sample, epilogue_operands, epilogues_to_try
 from tcemu._src.library import LIBRARIES, cublas_family, slice_alignment
 
-INPUT_TYPES = {np.dtype(np.float16): "f16", np.dtype(ml_dtypes.bfloat16): "bf16",
-               np.dtype(ml_dtypes.float8_e4m3fn): "e4m3", np.dtype(ml_dtypes.float8_e5m2): "e5m2"}
-OUTPUT_TYPES = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", np.dtype(ml_dtypes.bfloat16): "bf16"}
 _NUMPY = {"f16": np.float16, "bf16": ml_dtypes.bfloat16}
 SLICE_COUNTS = tuple(range(2, 33)) + (40, 48, 56, 64, 96, 128)
 FAMILIES = ("nvjet", "cutlass", "xla")  # the split-K forms schedules() can put first
@@ -150,71 +142,6 @@ def schedules(K: int, k: int, a: str, b: str, out: str, prefer: str | None = Non
 
 
 @functools.lru_cache(maxsize=64)
-def _chains_fn(kernel, afmt, bfmt, model, k: int, chain_k: int):
-    """The CPU kernel's chains of ``chain_k`` elements, jitted once per size for every evaluator."""
-    return jax.jit(lambda A, B, lens: kernel.chains(A, B, afmt, bfmt, model, k=k, chain_k=chain_k, lens=lens))
-
-
-class _Chains:
-    """Emulated outputs of many schedules on a few rows, fast: the plan's chains run on the CPU
-    kernel with operands laid out by numpy gathers (one compile per power-of-two size, not per
-    schedule), their float32 results combined by the GEMM's own reduction code on numpy values
-    (:data:`~tcemu._src.gemm.reduce.NUMPY`: IEEE float32 additions). Chain results are cached per
-    plan, so reductions and partial types cost no kernel call. A filter only: what it accepts is
-    confirmed through :func:`tcemu.matmul`."""
-
-    def __init__(self, cfg: GemmConfig, kernel, a_bits, b_bits):
-        ins = cfg.ins
-        self.kernel, self.model = kernel, cfg.numerics
-        self.afmt, self.bfmt, self.k = fm.FORMATS[ins.atype], fm.FORMATS[ins.btype], ins.k
-        self.a, self.b = a_bits.astype(np.uint32), b_bits.astype(np.uint32)  # (R, K), (K, C)
-        self.cache = {}
-
-    def chains(self, plan, rows):
-        """(S * G, R, C) float32 results of the plan's chains (slice s, promotion group j at s * G + j)."""
-        key = (plan.index.tobytes(), plan.index.shape, plan.valid.tobytes(), plan.group, rows.tobytes())
-        if key in self.cache:
-            return self.cache[key]
-        k = self.k
-        _, _, n = chain_layout(plan)
-        ck = k << int(np.ceil(np.log2(max(1, int(n.max())))))
-        nc = 1 << int(np.ceil(np.log2(len(n))))
-        steps = chain_index(plan)
-        idx = np.full((nc, ck), -1, np.int64)
-        width = min(steps.shape[1], ck)
-        idx[:len(n), :width] = steps[:, :width]
-        idx = idx.reshape(-1)
-        live = idx >= 0
-        A = np.where(live[None, :], self.a[rows][:, np.maximum(idx, 0)], 0)
-        B = np.where(live[:, None], self.b[np.maximum(idx, 0)], 0)
-        lens = np.zeros(nc, np.int32)
-        lens[:len(n)] = n * k
-        run = _chains_fn(self.kernel, self.afmt, self.bfmt, self.model, k, ck)
-        out = np.asarray(run(A, B, lens))[:len(n)].view(np.float32)
-        if len(self.cache) > 64:
-            self.cache.clear()
-        self.cache[key] = out
-        return out
-
-    def __call__(self, sched: KSchedule, K: int, rows):
-        """float32 D (R, C) of ``sched`` on ``rows`` of A."""
-        plan = sched.plan(K, self.k)
-        ch = self.chains(plan, rows)
-        with np.errstate(all="ignore"):  # overflows to inf are part of the emulation
-            return combine_chains(lambda c: ch[c], plan, np.zeros(ch.shape[1:], np.float32), NUMPY)
-
-
-def _raw(x):
-    """Bit patterns of a float16/bfloat16/fp8 array."""
-    return x.view(np.uint16 if x.dtype.itemsize == 2 else np.uint8)
-
-
-def _widened(x, etype: str):
-    """``x`` in an instruction's input type ``etype`` (fp8 to f16 exactly; otherwise unchanged)."""
-    want = np.dtype(fm.VALUE_DTYPES[etype])
-    return x if x.dtype == want else x.astype(want)
-
-
 def _signature(s: KSchedule, K: int, k: int):
     plan = s.plan(K, k)
     return plan.index.tobytes(), plan.index.shape, plan.valid.tobytes(), plan.group, \
@@ -237,7 +164,8 @@ def _prefer(library, K: int, N: int, at: str, bt: str):
 
 
 def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction: str | None = None,
-             candidates=None, library: str | None = None, max_seconds: float = 600.0) -> GemmConfig:
+             candidates=None, library: str | None = None, max_seconds: float = 600.0, c=None, bias=None,
+             alpha=None, beta=None, scale_a=None, scale_b=None, epilogues=None) -> GemmConfig:
     """A :class:`GemmConfig` with which ``tcemu.matmul(a, b, config=cfg).astype(d.dtype)``
     equals ``d`` bit for bit.
 
@@ -253,6 +181,12 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
     tries the kernel family that library runs at this shape first (cuBLAS: CUTLASS 2 forms
     where K or N is not a multiple of 8, nvjet forms otherwise; XLA: its split-K forms). Raises
     :class:`NoMatch` (a ValueError) listing the closest candidates when none matches.
+
+    A layer with an epilogue: give its operands (``c``, ``bias``, ``alpha``, ``beta``, ``scale_a``
+    (a scalar or (M, 1)), ``scale_b`` (a scalar or (1, N)), as :func:`tcemu.matmul` takes them) and
+    ``d`` is matched by ``matmul(a, b, c=c, bias=bias, ..., out_type=d.dtype, config=cfg)``, trying
+    for each schedule the :class:`tcemu.Epilogue` objects in ``epilogues`` (default: every place,
+    "accumulator" or "output", of ``c`` and of ``bias``, and both orders of two scales).
 
     >>> import numpy as np, tcemu
     >>> rng = np.random.default_rng(0)
@@ -270,7 +204,9 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
     ins_list = [instruction] if instruction is not None else instructions(arch, at, bt)
     if not ins_list:
         raise ValueError(f"identify: no {at} x {bt} instruction on {arch}")
-    sample = _Sample(a, b, d, rows, cols)
+    ops = epilogue_operands(d, dict(c=c, bias=bias, alpha=alpha, beta=beta, scale_a=scale_a, scale_b=scale_b))
+    sample = Sample(a, b, d, rows, cols, ops)
+    epis = epilogues_to_try(epilogues, c is not None, bias is not None, scale_a is not None and scale_b is not None)
     ks = {ins: GemmConfig(arch=arch, instruction=ins).ins.k for ins in ins_list}
     fast = {ins: sample.evaluators(GemmConfig(arch=arch, instruction=ins)) for ins in ins_list}
     if candidates is not None:
@@ -292,13 +228,14 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
         if sig in tried:
             continue
         tried.add(sig)
-        cfg = GemmConfig(arch=arch, instruction=ins, schedule=sc)
-        ok = sample.evaluate(fast[ins], cfg, sample.probe)
-        if ok.all():
-            ok = sample.evaluate(fast[ins], cfg, np.ones_like(sample.probe))
-        scores.append((float(ok.mean()), cfg))
-        if ok.all():
-            return cfg
+        for epi in epis:
+            cfg = GemmConfig(arch=arch, instruction=ins, schedule=sc, epilogue=epi)
+            ok = sample.evaluate(fast[ins], cfg, sample.probe)
+            if ok.all():
+                ok = sample.evaluate(fast[ins], cfg, np.ones_like(sample.probe))
+            scores.append((float(ok.mean()), cfg))
+            if ok.all():
+                return cfg
         if time.time() - t0 > max_seconds:
             break
     scores.sort(key=lambda x: -x[0])
@@ -326,60 +263,3 @@ def _check(a, b, d, arch, rows, cols):
     return INPUT_TYPES[a.dtype], INPUT_TYPES[b.dtype], OUTPUT_TYPES[d.dtype]
 
 
-def _same(x, y):
-    """Bitwise equality, per output."""
-    x, y = np.ascontiguousarray(x), np.ascontiguousarray(y)
-    return (x.view(np.uint8).reshape(x.shape + (-1,)) == y.view(np.uint8).reshape(y.shape + (-1,))).all(-1)
-
-
-class _Sample:
-    """The rows and columns identify compares, spread over the output: ``A`` (R, K), ``D`` (R, C),
-    B per batch index (``Bs``), the batch index of each row (``bi``) and the first rows every
-    candidate is tried on (``probe``)."""
-
-    def __init__(self, a, b, d, rows, cols):
-        K = a.shape[-1]
-        out_shape = d.shape
-        a2 = np.broadcast_to(a, out_shape[:-2] + a.shape[-2:]).reshape(-1, a.shape[-2], K)
-        b2 = np.broadcast_to(b, out_shape[:-2] + b.shape[-2:]).reshape(-1, K, b.shape[-1])
-        d2 = d.reshape(-1, out_shape[-2], out_shape[-1])
-        self.ci = np.unique(np.linspace(0, out_shape[-1] - 1, min(cols, out_shape[-1])).round().astype(int))
-        flat_rows = a2.shape[0] * a2.shape[1]
-        ri = np.unique(np.linspace(0, flat_rows - 1, min(rows, flat_rows)).round().astype(int))
-        self.bi, mi = ri // a2.shape[1], ri % a2.shape[1]
-        self.A, self.D, self.K = a2[self.bi, mi], d2[self.bi, mi][:, self.ci], K
-        self.Bs = {int(x): b2[x][:, self.ci] for x in np.unique(self.bi)}
-        self.probe = np.arange(len(ri)) < min(8, len(ri))
-
-    def evaluators(self, base: GemmConfig):
-        """Per batch index, the chain evaluator of ``base``'s instruction (None: off the kernel)."""
-        kernel = kernel_of(base)
-        if kernel is None:
-            return None
-        A = _raw(_widened(self.A, base.ins.atype))
-        return {x: _Chains(base, kernel, A, _raw(_widened(B, base.ins.btype))) for x, B in self.Bs.items()}
-
-    def run(self, cfg, sel):
-        """``cfg``'s outputs on the rows ``sel``, through :func:`tcemu.matmul`."""
-        res = np.zeros((int(sel.sum()), len(self.ci)), self.D.dtype)
-        for x, B in self.Bs.items():
-            m = self.bi[sel] == x
-            if m.any():
-                res[m] = np.asarray(matmul(jnp.asarray(self.A[sel][m]), jnp.asarray(B), config=cfg)).astype(self.D.dtype)
-        return res
-
-    def evaluate(self, fast, cfg, sel):
-        """Per output of the rows ``sel``: whether ``cfg`` reproduces it (the chain evaluators
-        ``fast`` first where there are some; a full match is confirmed through ``matmul``)."""
-        if fast is None:
-            return _same(self.run(cfg, sel), self.D[sel])
-        res = np.zeros(self.D.shape, self.D.dtype)
-        for x, ev in fast.items():
-            m = sel & (self.bi == x)
-            if m.any():
-                with np.errstate(over="ignore"):  # float32 -> float16 overflow: inf, as the GPU gives
-                    res[m] = ev(cfg.schedule, self.K, np.flatnonzero(m)).astype(self.D.dtype)
-        ok = _same(res[sel], self.D[sel])
-        if ok.all() and sel.all():
-            ok = _same(self.run(cfg, sel), self.D[sel])
-        return ok

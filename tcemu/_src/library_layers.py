@@ -1,0 +1,159 @@
+"""The GEMM layers ML code calls, as their libraries run them on the H100 and H200: the K schedule
+and the epilogue (where the bias or C is added, and in what precision) of ``F.linear``,
+``torch.matmul``, ``torch.addmm``, ``torch.baddbmm`` and a jitted JAX dense layer ``x @ W + b``.
+
+The rules were read from the layer captures (``experiments/hardware/layer_gemm.py``: the kernels
+each call launched, and ``tcemu.identify`` given the bias / C on every case):
+
+* cuBLAS adds ``F.linear``'s bias in its kernel's epilogue, to the float32 accumulator before the
+  one rounding (nvjet ``..._bias_...`` kernels, CUTLASS 2 kernels), as ``torch.addmm`` does with a
+  bias row (cuBLASLt's bias epilogue) and with ``alpha``/``beta`` other than 1 (nvjet ``_bx_``
+  kernels). ``torch.addmm`` and ``torch.baddbmm`` with a full C and ``alpha = beta = 1`` copy C
+  into D and run nvjet ``_badd_`` kernels, which add C to the product rounded to the output type.
+* With split-K off (``allow_splitk=False``: ``torch.backends.cuda.preferred_blas_library("cublaslt")``
+  and ``allow_{fp16,bf16}_reduced_precision_reduction = (False, False)``) every layer runs one
+  chain per output tile: nvjet kernels (k16 numerics, the residue last) where K and N are
+  multiples of 8, else CUTLASS 2 kernels with the partial k-tile first (bf16: ``s1688`` (k8); f16:
+  ``wmma`` ``s161616`` (k16)). With split-K allowed (torch's default) the same, unless
+  ``torch.mm``'s (``torch.bmm``'s) table holds the shape (the same 128 x 128 output tiles, K and
+  divisibility by 8) and cuBLAS split K there: then the table's split.
+* XLA keeps a jitted ``x @ W + b`` as the HLO says, two roundings (the product rounded to the
+  input type, then the bias added and rounded), unless it runs the GEMM on cuBLASLt with the bias
+  fused into the call (large shapes), which adds it to the float32 accumulator.
+
+    >>> import tcemu
+    >>> cfg = tcemu.library_config("F.linear", arch="H100", M=512, N=1024, K=1024, a="bf16", b="bf16",
+    ...                            out="bf16", allow_splitk=False)
+    >>> cfg.epilogue.bias, cfg.schedule.describe()
+    ('accumulator', 'one instruction per k-tile, residue last')
+"""
+from __future__ import annotations
+
+from tcemu._src.gemm import Epilogue, GemmConfig, KSchedule
+from tcemu._src.library import LIBRARIES, check_common, cublas_family, distance, gemm_config, nearest_row
+
+LAYERS = {"F.linear": ("bias", "allow_splitk"), "torch.matmul": ("allow_splitk",),
+          "torch.addmm": ("c", "alpha", "beta", "allow_splitk"), "torch.baddbmm": ("alpha", "beta", "allow_splitk"),
+          "jax.dense": ("bias", "xla_autotune")}
+DEFAULTS = {"bias": True, "allow_splitk": True, "c": "matrix", "alpha": 1.0, "beta": 1.0, "xla_autotune": True}
+
+
+def _flags(lib: str, flags: dict) -> dict:
+    unknown = sorted(set(flags) - set(LAYERS[lib]))
+    if unknown:
+        raise TypeError(f"library_config: {lib} takes no flag {', '.join(unknown)}; its flags: {', '.join(LAYERS[lib])}")
+    out = {f: flags.get(f, DEFAULTS[f]) for f in LAYERS[lib]}
+    for f, v in out.items():
+        if f in ("bias", "allow_splitk", "xla_autotune") and not isinstance(v, bool):
+            raise TypeError(f"library_config: {f} must be True or False, got {v!r}")
+        if f in ("alpha", "beta") and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise TypeError(f"library_config: {f} must be a number (torch's alpha / beta), got {v!r}")
+    if out.get("c", "matrix") not in ("matrix", "row"):
+        raise ValueError(f"library_config: c must be 'matrix' (a full (M, N) C) or 'row' (an (N,) row broadcast "
+                         f"over the rows, nn.Linear's old addmm form), got {out['c']!r}")
+    return out
+
+
+def _unsplit(gpu: str, K: int, N: int, t: str) -> GemmConfig:
+    """cuBLASLt with split-K off: one chain per output tile (nvjet), or a CUTLASS 2 mainloop with
+    the partial k-tile first (bf16 on s1688 (k8), f16 on wmma s161616 (k16))."""
+    if cublas_family(K, N) == "nvjet":
+        return GemmConfig(arch=gpu, instruction=f"m16n8k16.f32.{t}.{t}.f32", schedule=KSchedule())
+    k = "8" if t == "bf16" else "16"
+    return GemmConfig(arch=gpu, instruction=f"m16n8k{k}.f32.{t}.{t}.f32", schedule=KSchedule(k_tile=64, residue="first"))
+
+
+def _torch_epilogue(lib: str, f: dict, K: int, N: int) -> Epilogue:
+    if lib in ("torch.addmm", "torch.baddbmm") and f.get("c", "matrix") == "matrix" and (f["alpha"], f["beta"]) == (1, 1):
+        return Epilogue(c="output" if cublas_family(K, N) == "nvjet" else "accumulator")
+    return Epilogue()
+
+
+def _dense(gpu, M, N, K, batch, t, out, f) -> GemmConfig:
+    """The jitted ``x @ W + b``. Autotuner off: ``jnp.dot``'s configuration (XLA's rules), the
+    bias added after the rounding. Autotuner on: XLA picked cuBLASLt, with the bias fused into the
+    call (added to the accumulator) and K unsplit, for the GEMMs of at least 2**33 multiply-adds
+    with K and N multiples of 8 in the captures, and otherwise ``jnp.dot``'s configuration."""
+    kw = dict(arch=gpu, M=M, N=N, K=K, a=t, b=t, out=out, batch=batch, xla_autotune=f["xla_autotune"])
+    if f["xla_autotune"] and (batch or 1) * M * N * K >= 2**33 and cublas_family(K, N) == "nvjet":
+        cfg = GemmConfig(arch=gpu, instruction=f"m16n8k16.f32.{t}.{t}.f32", schedule=KSchedule())
+        return cfg.replace(epilogue=Epilogue(bias="accumulator"))
+    return gemm_config("jnp.dot", **kw).replace(epilogue=Epilogue(bias="output"))
+
+
+def _scaled_mm(kw: dict, flags: dict) -> GemmConfig:
+    """``torch._scaled_mm``: the table's schedule; the scales as cuBLASLt applies them (layer
+    captures): per-tensor scales multiplied together first, ``acc * (scale_a * scale_b)``,
+    row-wise scales (its outer-vector-scale kernels) in turn, ``(acc * scale_a) * scale_b``."""
+    flags = dict(flags)
+    scaling = flags.pop("scaling", "tensor")
+    if scaling not in ("tensor", "row"):
+        raise ValueError(f"library_config: scaling must be 'tensor' (scalar scales) or 'row' (scale_a (M, 1), "
+                         f"scale_b (1, N)), got {scaling!r}")
+    cfg = gemm_config("torch._scaled_mm", **kw, **flags)
+    return cfg.replace(epilogue=Epilogue(scales="product" if scaling == "tensor" else "sequential"))
+
+
+def layer_config(lib: str, *, gpu: str, M: int, N: int, K: int, a: str, out: str, batch, flags: dict) -> GemmConfig:
+    """The configuration of one of :data:`LAYERS` (arguments already checked by
+    :func:`tcemu.library_config`; ``a`` is the input type of both operands)."""
+    if a not in ("f16", "bf16"):
+        raise ValueError(f"library_config: {lib} takes f16 or bf16 inputs (the layers captured), got {a}")
+    f = _flags(lib, flags)
+    if lib == "jax.dense":
+        return _dense(gpu, M, N, K, batch, a, out, f)
+    if out != a:
+        raise ValueError(f"library_config: {lib} returns its input type ({a}), got out={out!r}")
+    cfg = _unsplit(gpu, K, N, a)
+    if f["allow_splitk"]:  # torch.mm's (torch.bmm's) measured split where the table holds this shape
+        mm = "torch.bmm" if lib == "torch.baddbmm" else "torch.mm"
+        kw = dict(arch=gpu, M=M, N=N, K=K, a=a, b=a, out=out, batch=batch if mm == "torch.bmm" else None)
+        row = nearest_row(mm, **kw, reduced_precision_reduction=True)
+        if distance(row, M, N, K, kw["batch"]) == 0 and row["schedule"].get("slices", 1) > 1:
+            cfg = gemm_config(mm, **kw, reduced_precision_reduction=True)
+    return cfg.replace(epilogue=_torch_epilogue(lib, f, K, N))
+
+
+def library_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, batch: int | None = None,
+                   **flags) -> GemmConfig:
+    """The :class:`GemmConfig` with which ``tcemu.matmul`` gives what ``lib`` returns on ``arch``.
+
+    ``lib``: "torch.mm", "torch.bmm", "torch._scaled_mm" or "jnp.dot" (bare GEMMs), or a layer
+    with its epilogue: "F.linear", "torch.matmul", "torch.addmm", "torch.baddbmm", "jax.dense"
+    (:mod:`~tcemu._src.library_layers`); ``arch``: "H100" or "H200";
+    ``a``, ``b``: input types ("f16", "bf16", "e4m3", "e5m2" or dtypes); ``out``: "f32", "f16" or
+    "bf16"; ``batch``: the batch size of a batched product (torch.bmm, batched jnp.dot). Flags:
+    ``reduced_precision_reduction`` (torch.mm/bmm: torch's
+    ``allow_{fp16,bf16}_reduced_precision_reduction``, default True), ``use_fast_accum``
+    (torch._scaled_mm, default False) and ``xla_autotune`` (jnp.dot: False for
+    ``XLA_FLAGS=--xla_gpu_autotune_level=0``; default True). With XLA's autotuner on, each new
+    process times candidate kernels and may pick another one: on the H100, 10 of 90 jnp.dot
+    shapes gave other bits in another process. With it off XLA's choices, and bits, are the same
+    in every process, and the answer follows XLA's rules for any shape (no table).
+
+    Layers' flags: ``bias`` (F.linear, jax.dense: whether a bias is given; default True),
+    ``allow_splitk`` (torch layers: False for ``preferred_blas_library("cublaslt")`` with
+    ``allow_{fp16,bf16}_reduced_precision_reduction = (False, False)``; default True), ``c``
+    (torch.addmm: "matrix" or "row"), ``alpha``, ``beta`` (torch.addmm, torch.baddbmm; default
+    1), ``xla_autotune`` (jax.dense); ``scaling`` (torch._scaled_mm: "tensor" (default) or "row"
+    scales). Pass the layer's bias / C / alpha / beta to
+    :func:`tcemu.matmul` with the config returned: its ``epilogue`` says where they are added.
+
+    >>> import tcemu
+    >>> cfg = tcemu.library_config("jnp.dot", arch="H100", M=128, N=128, K=8192, a="bf16", b="bf16",
+    ...                            out="f32", xla_autotune=False)
+    >>> cfg.instruction
+    'm16n8k16.f32.bf16.bf16.f32'
+    >>> cfg.schedule.describe()                    # XLA's split-K: 64 slices, a warp-shuffle reduction
+    'k-tile 16, residue last, 64 slices aligned to 8, shuffle reduction of f32 partials'
+    """
+    if lib == "torch._scaled_mm":
+        return _scaled_mm(dict(arch=arch, M=M, N=N, K=K, a=a, b=b, out=out, batch=batch), flags)
+    if lib in LIBRARIES:
+        return gemm_config(lib, arch=arch, M=M, N=N, K=K, a=a, b=b, out=out, batch=batch, **flags)
+    if lib not in LAYERS:
+        raise ValueError(f"library_config: lib must be one of {', '.join(list(LIBRARIES) + list(LAYERS))}, got {lib!r}")
+    gpu, M, N, K, a, b, out = check_common(arch, M, N, K, a, b, out, batch)
+    if a != b:
+        raise ValueError(f"library_config: {lib} takes a and b of one type, got {a} and {b}")
+    return layer_config(lib, gpu=gpu, M=M, N=N, K=K, a=a, out=out, batch=batch, flags=flags)
