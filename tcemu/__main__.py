@@ -345,7 +345,11 @@ def main(argv=None):
                     help='a BlockFMA to probe instead of the preset, e.g. "fraction_bits=24,block_size=16"')
     args = ap.parse_args(argv)
     args.parser = sub.choices[args.cmd]
-    return {"demo": demo, "layout": layout, "probe": probe}[args.cmd](args)
+    try:
+        return {"demo": demo, "layout": layout, "probe": probe}[args.cmd](args)
+    except BrokenPipeError:  # the reader went away (``| head``): stop quietly, as Python's docs advise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -41,3 +41,12 @@ def test_demo_runs_and_reports_errors(tmp_path):
     csv = (tmp_path / "demo.csv").read_text().splitlines()
     assert len(csv) > 10 and "," in csv[0]
     assert (tmp_path / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("args", [["layout", "wmma.load.a.sync.aligned.row.m16n16k16.f16", "--arch", "sm_80"],
+                                  ["probe", "--arch", "H100", "--format", "bf16"]])
+def test_output_piped_into_head_stops_quietly(args):
+    """A reader that closes the pipe early (``| head -1``) gets its line and no traceback."""
+    cmd = " ".join([sys.executable, "-m", "tcemu", *args]) + " | head -1"
+    out = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip() and out.stderr == ""

@@ -109,3 +109,12 @@ def test_dense_preset_matches_numpy_two_roundings():
     y = (x.astype(np.float32) @ w.astype(np.float32)).astype(ml_dtypes.bfloat16)
     want = (y.astype(np.float32) + b.astype(np.float32)).astype(ml_dtypes.bfloat16)
     assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+def test_library_config_names_and_sizes():
+    """GPU names match as words, not prefixes; numpy integers are sizes."""
+    kw = dict(M=np.int64(64), N=np.int32(64), K=64, a="f16", b="f16", out="f16")
+    assert tcemu.library_config("torch.mm", arch="NVIDIA H100 80GB HBM3", **kw).arch == "H100"
+    for arch in ("H1000000", "H10", "GH200x"):
+        with pytest.raises(ValueError, match="arch must be one of H100, H200"):
+            tcemu.library_config("torch.mm", arch=arch, **kw)

@@ -223,3 +223,9 @@ def test_schedule_must_fit_instruction():
 ])
 def test_equivalent_schedules(a, b, K, same):
     assert a.equivalent(b, K, 16) is same and b.equivalent(a, K, 16) is same
+
+
+@pytest.mark.parametrize("K, k", [(-5, 16), (100.7, 16), (100, 0), ("64", 16), (True, 16)])
+def test_plan_rejects_bad_sizes(K, k):
+    with pytest.raises(ValueError, match="KSchedule.plan: (K|k) must be an integer"):
+        tcemu.KSchedule().plan(K, k)

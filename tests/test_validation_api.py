@@ -450,3 +450,13 @@ def test_jetson_presets_follow_their_generation(jetson, generation):
 def test_unknown_arch_named(arch, exc):
     with pytest.raises(exc, match="arch"):
         tcemu.numerics(arch)
+
+
+def test_64_bit_integer_inputs_do_not_wrap_with_x64_off():
+    """int64 operands become float32 (one rounding) rather than wrapping through int32."""
+    a = np.array([[2**40, 3]], np.int64)
+    b = np.array([[1], [1]], np.int64)
+    with jax.enable_x64(False):
+        out = tcemu.matmul(a, b, arch="A100", instruction="m16n8k8.f32.tf32.tf32.f32")
+        q = tcemu.quantize(np.array([2**40 + 2**20], np.int64), "bf16")
+    assert float(out[0, 0]) == 2.0**40 and float(q[0]) == 2.0**40

@@ -49,7 +49,15 @@ def scalar_int(x, name: str, where: str):
 
 def real_array(x, where: str, name: str):
     """``x`` as a JAX array of a real (bool, integer or floating-point) dtype; a TypeError naming
-    ``where`` and ``name`` otherwise."""
+    ``where`` and ``name`` otherwise. 64-bit integers with ``jax_enable_x64`` off become float32
+    (rounded once, by numpy) instead of wrapping through int32 as ``jnp.asarray`` would."""
+    if not isinstance(x, jax.Array) and not jax.config.jax_enable_x64:
+        try:
+            a = np.asarray(x) if isinstance(x, (np.ndarray, np.generic, int, list, tuple)) else None
+        except (TypeError, ValueError):  # ragged: jnp.asarray's error below
+            a = None
+        if a is not None and a.dtype.kind in "iu" and a.dtype.itemsize == 8:
+            x = a.astype(np.float32)
     try:
         x = jnp.asarray(x)
     except (TypeError, ValueError) as e:

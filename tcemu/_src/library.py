@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -77,15 +78,16 @@ def _type(v, name, choices):
 
 
 def _dim(v, name, lo=1):
-    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+    if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)) or v < lo:
         raise ValueError(f"library_config: {name} must be an integer >= {lo}, got {v!r}")
-    return v
+    return int(v)
 
 
 def _gpu(arch):
-    s = str(arch).upper().replace("NVIDIA ", "")
+    """"H100" or "H200" from that name or a device name holding it as a word ("NVIDIA H100 80GB HBM3")."""
+    words = re.split(r"[^A-Z0-9]+", str(arch).upper())
     for g in GPUS:
-        if s.startswith(g):
+        if g in words:
             return g
     raise ValueError(f"library_config: arch must be one of {', '.join(GPUS)} (the GPUs the table was measured on), "
                      f"got {arch!r}")

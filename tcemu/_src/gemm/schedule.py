@@ -116,6 +116,9 @@ class KSchedule:
 
     def plan(self, K: int, k: int) -> "Plan":
         """The instructions of a GEMM of depth ``K`` with instructions of depth ``k``."""
+        for name, v, lo in (("K", K, 0), ("k", k, 1)):
+            if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)) or v < lo:
+                raise ValueError(f"KSchedule.plan: {name} must be an integer >= {lo}, got {v!r}")
         self.check(k)
         return _plan(self, int(K), int(k))
 
