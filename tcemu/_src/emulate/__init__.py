@@ -5,9 +5,9 @@ as a :class:`Policy` assigns configs to the GEMMs (:class:`GemmOp` describes one
     >>> import jax, jax.numpy as jnp, tcemu
     >>> def mlp(params, x):
     ...     return jax.nn.relu(x @ params["w1"]) @ params["w2"]
-    >>> params = {"w1": jnp.ones((8, 16)) / 3, "w2": jnp.ones((16, 2)) / 3}
+    >>> params = {"w1": jnp.ones((8, 16), jnp.float32) / 3, "w2": jnp.ones((16, 2), jnp.float32) / 3}
     >>> f = tcemu.emulate(mlp, tcemu.Policy(default=None, rules=[({"param": "*w2"}, tcemu.GemmConfig(arch="A100"))]))
-    >>> [(r.op.params, r.status) for r in f.report(params, jnp.ones((4, 8)))]
+    >>> [(r.op.params, r.status) for r in f.report(params, jnp.ones((4, 8), jnp.float32))]
     [(('0/w1', '1'), 'native (policy)'), (('0/w2',), 'emulated')]
 
 The package is one step a module:

@@ -2,7 +2,7 @@
 
     >>> import jax.numpy as jnp, tcemu
     >>> mm = tcemu.emulate(lambda x, w: x @ w, tcemu.GemmConfig(arch="H100"))
-    >>> print(mm.report(jnp.ones((2, 16)), jnp.ones((16, 4))))
+    >>> print(mm.report(jnp.ones((2, 16), jnp.float32), jnp.ones((16, 4), jnp.float32)))
     # primitive   scope operands                M N K  params status   config
     0 dot_general       f32[2,16] x f32[16,4] -> f32 2 4 16 0; 1 emulated H100 m16n8k16.f32.bf16.bf16.f32
 """
@@ -178,7 +178,7 @@ def emulate(fn, policy, *, unsupported: str = "error") -> Emulated:
 
     >>> import jax, jax.numpy as jnp, tcemu
     >>> mm = tcemu.emulate(lambda x, w: x @ w, tcemu.GemmConfig(arch="H100"))
-    >>> x = jnp.full((2, 16), 1 + 2.0**-10); w = jnp.ones((16, 4))
+    >>> x = jnp.full((2, 16), 1 + 2.0**-10, jnp.float32); w = jnp.ones((16, 4), jnp.float32)
     >>> float((x @ w)[0, 0]), float(mm(x, w)[0, 0])          # bf16 inputs: 1 + 2**-10 rounds to 1
     (16.015625, 16.0)
     >>> jax.jit(jax.grad(lambda w: mm(x, w).sum()))(w)[0].tolist()   # dW = (bf16 x)^T dY

@@ -5,9 +5,9 @@ report's rows, and the forward operands that gradient GEMMs look up (the "vjp" r
     >>> import jax, jax.numpy as jnp, tcemu
     >>> from tcemu._src.emulate.gemms import Gemms
     >>> from tcemu._src.emulate.policy import as_policy
-    >>> eqn = jax.make_jaxpr(lambda a, b: a @ b)(jnp.ones((2, 8)), jnp.ones((8, 3))).jaxpr.eqns[0]
+    >>> eqn = jax.make_jaxpr(lambda a, b: a @ b)(jnp.ones((2, 8), jnp.float32), jnp.ones((8, 3), jnp.float32)).jaxpr.eqns[0]
     >>> g = Gemms(as_policy(tcemu.GemmConfig(arch="H100")), "error")
-    >>> out = g.run(eqn, [jnp.ones((2, 8)), jnp.ones((8, 3))], "", (), (0,))
+    >>> out = g.run(eqn, [jnp.ones((2, 8), jnp.float32), jnp.ones((8, 3), jnp.float32)], "", (), (0,))
     >>> out[0].tolist()[0], [r.status for r in g.rows.values()]
     ([8.0, 8.0, 8.0], ['emulated'])
 """

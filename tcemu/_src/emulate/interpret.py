@@ -25,9 +25,9 @@ the GEMMs it feeds.
     >>> from tcemu._src.emulate.interpret import run
     >>> from tcemu._src.emulate.policy import as_policy
     >>> f = jax.jit(lambda x, w: jnp.tanh(jax.lax.scan(lambda c, _: (c @ w, None), x, length=2)[0]))
-    >>> closed = jax.make_jaxpr(f)(jnp.ones((2, 8)), jnp.eye(8))
+    >>> closed = jax.make_jaxpr(f)(jnp.ones((2, 8), jnp.float32), jnp.eye(8, dtype=jnp.float32))
     >>> g = Gemms(as_policy(tcemu.GemmConfig(arch="H100")), "error")
-    >>> out = run(closed, [jnp.ones((2, 8)), jnp.eye(8)], [frozenset({"0"}), frozenset({"1"})], g)
+    >>> out = run(closed, [jnp.ones((2, 8), jnp.float32), jnp.eye(8, dtype=jnp.float32)], [frozenset({"0"}), frozenset({"1"})], g)
     >>> [(r.status, r.op.params) for r in g.rows.values()]
     [('emulated', ('1',))]
 """

@@ -3,7 +3,7 @@ fed by which arguments, the operands' shapes and types and the GEMM's M, N, K an
 
     >>> import jax, jax.numpy as jnp
     >>> from tcemu._src.emulate.ops import op_of
-    >>> eqn = jax.make_jaxpr(lambda a, b: a @ b)(jnp.ones((2, 8)), jnp.ones((8, 3))).jaxpr.eqns[0]
+    >>> eqn = jax.make_jaxpr(lambda a, b: a @ b)(jnp.ones((2, 8), jnp.float32), jnp.ones((8, 3), jnp.float32)).jaxpr.eqns[0]
     >>> op = op_of(eqn, "mlp", ("0",))
     >>> (op.M, op.N, op.K, op.batch, op.backward), str(op)
     ((2, 3, 8, None, False), "dot_general 'mlp' float32[2,8] x float32[8,3] -> float32 (M=2 N=3 K=8) params 0")

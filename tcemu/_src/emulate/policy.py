@@ -175,7 +175,7 @@ class Policy:
     ...     with jax.named_scope("attn"):
     ...         y = x @ w
     ...     return y @ w.T
-    >>> [row.status for row in tcemu.emulate(f, p).report(jnp.ones((2, 8)), jnp.ones((8, 8)))]
+    >>> [row.status for row in tcemu.emulate(f, p).report(jnp.ones((2, 8), jnp.float32), jnp.ones((8, 8), jnp.float32))]
     ['emulated', 'native (policy)']
     """
 

@@ -7,7 +7,7 @@ float32), then laid out as JAX's transpose lays out its result.
 
     >>> import jax, jax.numpy as jnp, tcemu
     >>> f = lambda x, w: jax.grad(lambda w: (x @ w).sum())(w)
-    >>> x, w = jnp.full((2, 16), 1 + 2.0**-10), jnp.ones((16, 4))
+    >>> x, w = jnp.full((2, 16), 1 + 2.0**-10, jnp.float32), jnp.ones((16, 4), jnp.float32)
     >>> tcemu.emulate(f, tcemu.GemmConfig(arch="H100"))(x, w)[0].tolist()   # (bf16 x)^T @ ones
     [2.0, 2.0, 2.0, 2.0]
 """
