@@ -16,6 +16,7 @@ so both are checked against the hardware captures and the published vectors.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import subprocess
@@ -48,6 +49,26 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("x64_mode", [False, True], ids=["x32", "x64"], indirect=True, scope="module")
 
 
+@contextlib.contextmanager
+def tcemu_env(env: dict):
+    """tcemu's environment variables set to ``env`` inside the block. tcemu reads them once per
+    process and compiled functions keep what they traced, so both are forgotten on entry and on
+    exit (the settings are read again, the functions traced again)."""
+    from tcemu._src.native import build
+
+    def fresh():
+        build._reread_settings()
+        jax.clear_caches()
+
+    with mock.patch.dict(os.environ, env):
+        fresh()
+        try:
+            yield
+        finally:
+            fresh()
+    fresh()
+
+
 @pytest.fixture(scope="module", autouse=True)
 def x64_mode(request):
     """jax_enable_x64 for the tests of a module that :func:`pytest_generate_tests` parametrised
@@ -57,7 +78,7 @@ def x64_mode(request):
     if on is None:
         yield jax.config.jax_enable_x64
         return
-    with jax.enable_x64(on), mock.patch.dict(os.environ, {"TCEMU_NATIVE": "0"} if on else {}):
+    with jax.enable_x64(on), tcemu_env({"TCEMU_NATIVE": "0"} if on else {}):
         yield on
 
 

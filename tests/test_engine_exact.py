@@ -3,9 +3,7 @@ published feature tests of Fasi et al. (2021), and ml_dtypes' conversions."""
 from __future__ import annotations
 
 import math
-import os
 from fractions import Fraction as Fr
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +19,7 @@ from tcemu._src.numerics import engine
 from tcemu._src.numerics.rounding import divide, divide_exact, round_pack, round_pack32
 
 import exact_reference as X
+from conftest import tcemu_env
 
 MODELS = [
     tcemu.BlockFMA(fraction_bits=23, block_size=4),
@@ -36,14 +35,18 @@ MODELS = [
 FORMATS = {"f16": fm.F16, "bf16": fm.BF16, "tf32": fm.TF32, "e4m3": fm.E4M3, "e5m2": fm.E5M2}
 
 
-@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mi=st.integers(0, len(MODELS) - 1), fmt=st.sampled_from(sorted(FORMATS)), acc=st.sampled_from(["f32", "f16"]),
-       spread=st.booleans(), seed=st.integers(0, 2 ** 31 - 1), path=st.sampled_from(["default", "int-unrolled"]))
-def test_engine_equals_exact_rational_model(mi, fmt, acc, spread, seed, path):
+       spread=st.booleans(), seed=st.integers(0, 2 ** 31 - 1))
+def _engine_vs_exact_examples(mi, fmt, acc, spread, seed):
+    _engine_vs_exact(MODELS[mi], fmt, acc, spread, seed)
+
+
+@pytest.mark.parametrize("path", ["default", "int-unrolled"])
+def test_engine_equals_exact_rational_model(path):
     """Both code paths: the default (CPU) one, and integer alignment with unrolled term sums."""
-    env = {"TCEMU_ALIGN": "int", "TCEMU_UNROLL": "1"} if path == "int-unrolled" else {}
-    with mock.patch.dict(os.environ, env):
-        _engine_vs_exact(MODELS[mi], fmt, acc, spread, seed)
+    with tcemu_env({"TCEMU_ALIGN": "int", "TCEMU_UNROLL": "1"} if path == "int-unrolled" else {}):
+        _engine_vs_exact_examples()
 
 
 def _engine_vs_exact(m, fmt, acc, spread, seed):

@@ -283,3 +283,196 @@ def test_instructions_without_register_level_raise_value_error(spelling):
 def test_dot_general_bad_preferred_element_type(dtype):
     _run(lambda: tcemu.dot_general(jnp.ones((2, 3)), jnp.ones((3, 2)), (((1,), (0,)), ((), ())),
                                    preferred_element_type=dtype), ["preferred_element_type"])
+
+
+# ---------------------------------------------------------------------------------------------
+# block_quantize / dequantize and the block-scaled GEMMs: the exact recipes of
+# tests/test_quant_blocks.py (Fractions, ml_dtypes) are the truth
+
+from test_quant_blocks import assert_same_bits, ref_dequantize, reference  # noqa: E402
+
+BQ_SETTINGS = settings(SETTINGS, max_examples=40)
+BQ_FORMS = [("e4m3", "ue8m0"), ("e5m2", "ue8m0"), ("e3m2", "ue8m0"), ("e2m3", "ue8m0"), ("e2m1", "ue8m0"),
+            ("e2m1", "ue4m3")]
+BQ_DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16, np.float64, np.int32]
+BQ_BAD = {"etype": ["e8m0", "f16", "E4M3", None, 4], "stype": ["e8m0", "UE8M0", None, 1],
+          "block": [0, -16, 2.5, "16", True, None, 5, 7, np.int64(3)],
+          "x": ["text", None, "complex", "scalar", "ragged", "object"]}
+
+
+def _bad_x(v, x):
+    return {"complex": x.astype(np.complex64), "scalar": np.float32(1.0), "ragged": [[1.0], [1.0, 2.0]],
+            "object": object()}.get(v, v)
+
+
+def _block_ok(block, K):
+    return (isinstance(block, (int, np.integer)) and not isinstance(block, bool) and block >= 1
+            and K % block == 0)
+
+
+@BQ_SETTINGS
+@given(st.data())
+def test_block_quantize(data):
+    """Random shapes (empty, K not a multiple of the block), input dtypes, formats, values
+    (subnormals, infinities, NaN) and one bad argument at a time: the exact recipe's fields and
+    dequantised values bit for bit, or tcemu's error naming the argument."""
+    etype, stype = data.draw(st.sampled_from(BQ_FORMS))
+    block = data.draw(st.sampled_from([16, 32, 4]))
+    lead = data.draw(st.sampled_from([(3,), (2, 2), (1,), (), (0,)]))  # (hypothesis favours the first)
+    K = data.draw(st.sampled_from([2 * block, block, block + 3, 0]))
+    dt = data.draw(st.sampled_from(BQ_DTYPES))
+    n = int(np.prod(lead + (K,)))
+    if dt == np.int32:
+        vals = data.draw(st.lists(st.integers(-2 ** 31, 2 ** 31 - 1), min_size=n, max_size=n))
+    else:
+        vals = data.draw(st.lists(st.floats(width=32), min_size=n, max_size=n))
+    with np.errstate(over="ignore"):  # float16: to infinity
+        x = np.asarray(vals, np.float32 if dt != np.int32 else np.int32).reshape(lead + (K,)).astype(dt)
+    args = {"x": x, "etype": etype, "stype": stype, "block": block}
+    bad = data.draw(st.sampled_from([None] * 3 + sorted(BQ_BAD)))
+    if bad is not None:
+        v = data.draw(st.sampled_from(BQ_BAD[bad]))
+        args[bad] = _bad_x(v, x) if bad == "x" else v
+    names = [] if bad is None else [bad]
+    if bad == "block" and _block_ok(args["block"], K):
+        names = []  # (5 divides K = 0)
+    elif not _block_ok(block, K):
+        names = [*names, "block"]  # K not a multiple of the block
+    if bad == "x" and isinstance(args["x"], np.generic):
+        names = ["block"]  # a scalar has no block axis
+    q = _run(lambda: tcemu.block_quantize(args["x"], args["etype"], args["stype"], block=args["block"]), names)
+    if q is None:
+        return
+    want = reference(x.astype(np.float32), etype, stype, int(args["block"]))
+    for g, w in zip(q, want):
+        assert_same_bits(g, w)
+    assert_same_bits(q.dequantize(int(args["block"])), ref_dequantize(want[0], want[1], want[4], int(args["block"])))
+
+
+DQ_BAD = {"block": [0, -1, 2.5, "16", True, None, 8, 32, 5], "scales": ["drop", "extra", "axis", "text"],
+          "elements": ["scalar", "drop"], "tensor_scale": ["vector"]}
+
+
+@BQ_SETTINGS
+@given(st.data())
+def test_dequantize(data):
+    """BlockQuantized.dequantize with a wrong block, scales, elements or tensor scale: tcemu's
+    ValueError/TypeError naming the field (the shapes given and expected); otherwise the exact
+    f32(f32(element * scale) / tensor_scale)."""
+    etype, stype = data.draw(st.sampled_from(BQ_FORMS))
+    lead = data.draw(st.sampled_from([(2,), (1, 3), (0,)]))
+    K = data.draw(st.sampled_from([64, 16, 0]))
+    n = int(np.prod(lead + (K,)))
+    x = np.asarray(data.draw(st.lists(st.floats(width=32), min_size=n, max_size=n)), np.float32).reshape(lead + (K,))
+    q = tcemu.block_quantize(x, etype, stype, block=16)
+    block = 16
+    bad = data.draw(st.sampled_from([None] * 2 + sorted(DQ_BAD)))
+    if bad == "block":
+        block = data.draw(st.sampled_from(DQ_BAD["block"]))
+    elif bad is not None:
+        v = data.draw(st.sampled_from(DQ_BAD[bad]))
+        f = getattr(q, bad)
+        f = {"drop": lambda: f[..., :-1], "extra": lambda: np.concatenate([f, f[..., :1]], -1), "axis": lambda: f[None],
+             "text": lambda: "text", "scalar": lambda: f.ravel()[:1].reshape(()) if f.size else np.float32(0),
+             "vector": lambda: np.ones(2, np.float32)}[v]()
+        q = q._replace(**{bad: f})
+    e, s, t = (np.shape(getattr(q, n)) if not isinstance(getattr(q, n), str) else None for n in
+               ("elements", "scales", "tensor_scale"))
+    ok = (s is not None and len(e) >= 1 and _block_ok(block, e[-1]) and s == e[:-1] + (e[-1] // block,) and t == ())
+    names = [] if ok else [bad or "block"]
+    out = _run(lambda: q.dequantize(block), names)
+    if out is not None:
+        want_e, want_s = np.asarray(q.elements), np.asarray(q.scales)
+        assert_same_bits(out, ref_dequantize(want_e, want_s, np.float32(q.tensor_scale), block))
+
+
+BLOCK_GEMMS = [  # spelling, scale block, A type, B type
+    (f"mma.sync.aligned.m16n8k{k}.row.col.kind::{kind}.block_scale.scale_vec::{v}.f32.{at}.{bt}.f32.{st_}", blk, at, bt)
+    for k, kind, v, at, bt, st_, blk in [(32, "mxf8f6f4", "1X", "e4m3", "e4m3", "ue8m0", 32),
+                                         (32, "mxf8f6f4", "1X", "e2m1", "e3m2", "ue8m0", 32),
+                                         (64, "mxf4", "2X", "e2m1", "e2m1", "ue8m0", 32),
+                                         (64, "mxf4nvf4", "4X", "e2m1", "e2m1", "ue4m3", 16)]]
+BLOCK_GEMM_BAD = {"K": ["+8"], "a": ["complex"], "b": ["text"], "quantize": ["stochastic"]}
+
+
+def _nvfp4_exact(x, blk):
+    """Small integers with each block's first element 3 (every block's amax the tensor's): NVFP4's
+    block scales are all 448 and its elements 2x, exactly."""
+    x = x.copy()
+    x[..., ::blk] = 3
+    return x
+
+
+@BQ_SETTINGS
+@given(st.data())
+def test_block_scaled_matmul(data):
+    """matmul with MX / NVFP4 instructions on random small integers (exact through the recipes)
+    with empty and bad shapes: a @ b exactly (NVFP4: times the rounded products of the encode
+    scales' reciprocals, as its epilogue applies them), or tcemu's error naming the argument."""
+    sp, blk, at, bt = data.draw(st.sampled_from(BLOCK_GEMMS))
+    M = data.draw(st.sampled_from([5, 17, 1, 0]))
+    N = data.draw(st.sampled_from([9, 2, 0]))
+    K = data.draw(st.sampled_from([2 * blk, 96, blk, 0]))
+    bad = data.draw(st.sampled_from([None] * 3 + sorted(BLOCK_GEMM_BAD)))
+    Ka = K + 8 if bad == "K" else K
+    a, b = _ints(data.draw, (M, Ka)), _ints(data.draw, (Ka, N))
+    nv = "ue4m3" in sp
+    if nv and Ka:
+        a, b = _nvfp4_exact(a, blk), _nvfp4_exact(b.T, blk).T
+    A, B = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
+    kw = {"arch": "RTX5090", "instruction": sp}
+    if bad == "a":
+        A = A.astype(jnp.complex64)
+    elif bad == "b":
+        B = "text"
+    elif bad == "quantize":
+        kw["quantize"] = "stochastic"
+    names = [] if bad is None else [bad]
+    if bad == "K" and (M == 0 or N == 0):
+        names = []  # an empty result needs no GEMM
+    out = _run(lambda: tcemu.matmul(A, B, **kw), names)
+    if out is None:
+        return
+    assert out.shape == (M, N) and out.dtype == jnp.float32
+    want = (a @ b).astype(np.float32)
+    if nv and M and N and Ka:
+        ta, tb = (reference(x.astype(np.float32), "e2m1", "ue4m3", blk)[4] for x in (a, b.T))
+        alpha = (np.float32(1) / ta) * (np.float32(1) / tb)
+        want = (np.float32(4 * 448 ** 2) * want) * alpha  # the codes' products, then the epilogue
+    np.testing.assert_array_equal(np.asarray(out).view(np.uint32), want.view(np.uint32))
+
+
+MMA_BLOCK_BAD = {"scale_a": ["missing", "shape", "dtype"], "scale_b": ["missing", "shape", "dtype"], "a": ["shape"]}
+
+
+@settings(SETTINGS, max_examples=30)
+@given(st.data())
+def test_block_scaled_mma(data):
+    """tcemu.mma of the block-scaled kinds on the reference recipe's codes and scale codes of
+    small integers: a @ b + c exactly (the scales undo the quantisation), or tcemu's error."""
+    sp, blk, at, bt = data.draw(st.sampled_from(BLOCK_GEMMS))
+    m, n, k = 16, 8, int(sp.split(".m16n8k")[1].split(".")[0])
+    a, b = _ints(data.draw, (m, k)), _ints(data.draw, (k, n))
+    nv = "ue4m3" in sp
+    if nv:
+        a, b = _nvfp4_exact(a, blk), _nvfp4_exact(b.T, blk).T
+    c = _ints(data.draw, (m, n), -8, 8) * (4 * 448 ** 2 if nv else 1)
+    st_ = "ue4m3" if nv else "ue8m0"
+    qa, qb = reference(a.astype(np.float32), at, st_, blk), reference(b.T.astype(np.float32), bt, st_, blk)
+    typed = {"e4m3": ml_dtypes.float8_e4m3fn}
+
+    def codes(q, t):
+        return q[2].astype(np.uint8).view(typed[t]) if t in typed else q[2].astype(np.uint8)
+
+    args = {"a": codes(qa, at), "b": np.ascontiguousarray(codes(qb, bt).T), "scale_a": qa[3].astype(np.uint8),
+            "scale_b": np.ascontiguousarray(qb[3].T).astype(np.uint8)}
+    bad = data.draw(st.sampled_from([None] * 2 + sorted(MMA_BLOCK_BAD)))
+    if bad is not None:
+        v = data.draw(st.sampled_from(MMA_BLOCK_BAD[bad]))
+        args[bad] = {"missing": None, "shape": args[bad][..., :-1], "dtype": args[bad].astype(np.float32)}[v]
+    names = [] if bad is None else [bad]
+    out = _run(lambda: tcemu.mma(sp, args["a"], args["b"], jnp.asarray(c, jnp.float32), arch="RTX5090",
+                                 scale_a=args["scale_a"], scale_b=args["scale_b"]), names)
+    if out is not None:
+        want = (4 * 448 ** 2 if nv else 1) * (a @ b) + c  # NVFP4: (2a * 448) (2b * 448) per product
+        np.testing.assert_array_equal(np.asarray(out, np.float64), want)

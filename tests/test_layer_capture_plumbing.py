@@ -56,12 +56,14 @@ def test_threaded_generation_equals_full():
 
 
 def test_grid():
-    for grid, n_torch in (("dev", 204), ("held-out", 180)):
+    for grid, n_torch in (("dev", 240), ("held-out", 204)):
         cs = L.cases(grid, "torch")
         assert len(cs) == n_torch and len(L.cases(grid, "jax")) == 48
-        fp8 = [c for c in cs if c["lib"] == "torch._scaled_mm"]
+        fp8 = [c for c in cs if c["layer"] == "scaled_mm"]
         assert fp8 and all(v % 16 == 0 for c in fp8 for v in (c["M"], c["N"], c["K"]))
         assert all(c["x3"][0] * c["x3"][1] == c["M"] for c in cs if c["x3"])
+        blocks = [c for c in cs if c["layer"] == "scaled_block"]
+        assert len(blocks) == 6 * len(L.BLOCK_SHAPES[grid]) and all(c["K"] % 128 == 0 for c in blocks)
     salted = L.cases("dev", "torch", salt=3)
     assert all(c["seed"] == L.G.seed_of(c["batch"], c["M"], c["N"], c["K"], c["a"], c["b"]) for c in L.cases("dev"))
     assert not {c["seed"] for c in salted} & {c["seed"] for c in L.cases("dev")}
@@ -80,7 +82,12 @@ def _reference(case, rows, cols):
     y = np.zeros((len(rows), len(cols)))
     for x in np.unique(bt):
         y[bt == x] = a[bt == x] @ _values(C.b_cols(case, int(x), cols), case["b"])
-    if case["scale_a"] is not None:
+    if case["layer"] == "scaled_block":  # each block of 128 along K times its two scales
+        sa, sb = C.expand_block_scales(case, "scale_a")[rows], C.expand_block_scales(case, "scale_b")[:, cols]
+        a, b = _values(C.a_rows(case, rows), case["a"]), _values(C.b_cols(case, 0, cols), case["b"])
+        y = sum((a[:, j * 128:(j + 1) * 128] @ b[j * 128:(j + 1) * 128]) * sa[:, j:j + 1] * sb[j][None]
+                for j in range(case["K"] // 128))
+    elif case["scale_a"] is not None:
         row = case["scale_a"] == "row"
         sa = C.scale_values(case, "scale_a", rows)[:, None] if row else np.float32(case["scale_a"])
         sb = C.scale_values(case, "scale_b", cols)[None] if row else np.float32(case["scale_b"])
@@ -99,16 +106,34 @@ def test_torch_dry_run_round_trips(tmp_path):
     for path in paths:
         _, meta = C.load(path)
         assert meta["header"]["mode"] in path.name and meta["header"]["dry_run"]
-        assert len(meta["cases"]) == len(L.cases("dry", "torch")) == 62
+        assert len(meta["cases"]) == len(L.cases("dry", "torch")) == 68
         layers = {c["layer"] for c in meta["cases"]}
         assert layers == {"mm", "linear", "linear_bias", "linear3d_bias", "matmul3d", "addmm_c", "addmm_row", "addmm_c_ab",
-                          "baddbmm_c", "scaled_mm"}
+                          "baddbmm_c", "scaled_mm", "scaled_block"}
         for case in meta["cases"]:
             assert "error" not in case and case["deterministic"]
             got, _, _, rows, cols, d = C.captured(path, case["key"])
             assert got == case and d.shape == (len(rows), len(cols))
             want = _reference(case, rows, cols)
             assert np.array_equal(d.view(C.OUT_STORAGE[case["out"]]), want.view(C.OUT_STORAGE[case["out"]])), case
+
+
+def test_block_scales_layout():
+    """The stored block scales and the (M, K/128), (K/128, N) ones tcemu takes: a 128x128 scale
+    covers 128 rows (columns) of one K block; a 1x128 one a single row (column)."""
+    case = dict(M=200, N=130, K=384, seed=5, scale_a="128x128", scale_b="1x128")
+    sa, sb = C.block_scales(case, "scale_a"), C.block_scales(case, "scale_b")
+    assert sa.shape == (2, 3) and sb.shape == (130, 3) and (sa > 0).all() and np.isfinite(sb).all()
+    ea, eb = C.expand_block_scales(case, "scale_a"), C.expand_block_scales(case, "scale_b")
+    assert ea.shape == (200, 3) and eb.shape == (3, 130)
+    assert (ea[:128] == sa[0]).all() and (ea[128:] == sa[1]).all() and (eb == sb.T).all()
+
+
+def test_layers_option_names_the_file(tmp_path):
+    [path] = L.main(["--lib", "torch", "--mode", "default", "--dry-run", "--layers", "scaled_block", "--out", str(tmp_path)])
+    _, meta = C.load(path)
+    assert path.name == "layer_gemm_cpu_torch_default_dry_scaled_block.npz" and len(meta["cases"]) == 6
+    assert meta["header"]["command"].endswith("--layers scaled_block")
 
 
 def test_jax_dry_run_round_trips(tmp_path):

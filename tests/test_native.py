@@ -23,6 +23,7 @@ from tcemu._src.gemm.execute import kernel_of
 from tcemu._src.gemm.plan import scale_unit
 from tcemu._src.numerics.backends import _KERNELS
 from tcemu._src.arch import resolve
+from tcemu._src.native import build
 from tcemu._src.numerics import mma as mma_numerics
 
 _CPU = jax.default_backend() == "cpu"
@@ -67,8 +68,21 @@ def _bits(rng, shape, etype, spread=4, specials=0):
     return jnp.asarray(bits)
 
 
-def _run(monkeypatch, a, b, cfg, setting, scales=None):
+@pytest.fixture(autouse=True)
+def _reread_native():
+    """TCEMU_NATIVE is read once per process: the tests that set it read it again (:func:`_native`),
+    and the next test reads the session's."""
+    yield
+    build._setting.cache_clear()
+
+
+def _native(monkeypatch, setting: str):
     monkeypatch.setenv("TCEMU_NATIVE", setting)
+    build._setting.cache_clear()
+
+
+def _run(monkeypatch, a, b, cfg, setting, scales=None):
+    _native(monkeypatch, setting)
     fmt = []
 
     def f(a, b, s):
@@ -91,7 +105,7 @@ def _tiled(a, b):
 
 def _check(monkeypatch, cfg, a, b, scales=None):
     """gemm_bits on the kernel against gemm_bits on the engine: same bits, same format."""
-    monkeypatch.setenv("TCEMU_NATIVE", "1")
+    _native(monkeypatch, "1")
     assert kernel_of(cfg) is not None, "the kernel must cover this case"
     got, f1 = _run(monkeypatch, a, b, cfg, "1", scales)
     want, f0 = _run(monkeypatch, a, b, cfg, "0", scales)
@@ -262,9 +276,9 @@ def test_matmul_uses_kernel_and_not_outside_its_models(monkeypatch):
     assert kernel_of(f16acc) is None
     for changes in (dict(sticky=True), dict(rounding="stochastic"), dict(block_sum="separate")):
         assert kernel_of(cfg.replace(model=_model(cfg).replace(**changes))) is None
-    monkeypatch.setenv("TCEMU_NATIVE", "0")
+    _native(monkeypatch, "0")
     assert kernel_of(cfg) is None
-    monkeypatch.setenv("TCEMU_NATIVE", "2")
+    _native(monkeypatch, "2")
     with pytest.raises(ValueError, match="TCEMU_NATIVE"):
         native.available()
 
@@ -358,7 +372,7 @@ MMAS = [("H100", "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "f16", "f1
 
 
 def _mma(ins, arch, setting, monkeypatch, *args, vmap=None):
-    monkeypatch.setenv("TCEMU_NATIVE", setting)
+    _native(monkeypatch, setting)
 
     def f(a, b, c, sa, sb):
         return mma_numerics.mma_bits(ins, a, b, c, None, arch=resolve(arch), scale_a=sa, scale_b=sb)

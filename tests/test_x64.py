@@ -7,8 +7,6 @@ checks that the numerics of every captured instruction form never touch a 64-bit
 """
 from __future__ import annotations
 
-import os
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +20,7 @@ from tcemu._src import formats as fm
 
 from tcemu._src.isa.parse import parse
 from tcemu._src.numerics import mma as mma_numerics
-from conftest import capture
+from conftest import capture, tcemu_env
 
 def bits(x) -> np.ndarray:
     x = np.asarray(x)
@@ -150,10 +148,10 @@ def test_engine_paths_same_bits(sp, env):
     ins = parse(sp)
     a, b, c = mma_operands(sp, seed=1, tiles=4)
     A, B, C = (fm.to_bits(x, t) for x, t in ((a, ins.atype), (b, ins.btype), (c, ins.ctype)))
-    with mock.patch.dict(os.environ, env):
+    want = bits(tcemu.mma(sp, a, b, c))  # the default path
+    with tcemu_env(env):
         d = off_and_on(lambda: jax.jit(lambda x, y, z: mma_numerics.mma_bits(ins, x, y, z, None))(A, B, C))
-        # the same bits as the default path
-        assert np.array_equal(d, bits(tcemu.mma(sp, a, b, c)))
+    assert np.array_equal(d, want)
 
 
 def test_chunked_batches_same_bits():
@@ -162,7 +160,7 @@ def test_chunked_batches_same_bits():
     a, b, c = mma_operands(sp, seed=2, tiles=10)
     ins = parse(sp)
     A, B, C = (fm.to_bits(x, t) for x, t in ((a, ins.atype), (b, ins.btype), (c, ins.ctype)))
-    with mock.patch.dict(os.environ, {"TCEMU_CHUNK_TERMS": "4096"}):
+    with tcemu_env({"TCEMU_CHUNK_TERMS": "4096"}):
         d = off_and_on(lambda: jax.jit(lambda x, y, z: mma_numerics.mma_bits_batched(ins, x, y, z, None))(A, B, C))
     assert np.array_equal(d, bits(tcemu.mma(sp, a, b, c)))
 
@@ -398,7 +396,7 @@ def test_no_64_bit_values_in_numerics(env):
     non-f64 form, with the default model and a stochastic one, hold only 8-, 16- and 32-bit
     values: x64 cannot change a bit."""
     wide = {}
-    with mock.patch.dict(os.environ, env), jax.enable_x64(True):
+    with tcemu_env(env), jax.enable_x64(True):
         for sp in _captured_forms():
             ins = parse(sp)
             if ins.family == "f64":

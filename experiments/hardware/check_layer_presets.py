@@ -37,6 +37,8 @@ def preset(case) -> tuple[str, dict, int, int | None]:
         return "torch.addmm", dict(split, c=c, alpha=case["alpha"], beta=case["beta"]), case["M"], None
     if layer.startswith("baddbmm"):
         return "torch.baddbmm", dict(split, alpha=case["alpha"], beta=case["beta"]), case["M"], case["batch"]
+    if layer == "scaled_block":
+        return "torch._scaled_mm", {"scaling": case["flags"]["scaling"]}, case["M"], None
     if layer == "scaled_mm":
         return "torch._scaled_mm", {"use_fast_accum": case["flags"]["use_fast_accum"],
                                     "scaling": case["flags"]["scaling"]}, case["M"], None

@@ -46,7 +46,10 @@ def epilogue_operands(case, rows, cols) -> dict:
         ops["alpha"], ops["beta"] = np.float32(case["alpha"]), np.float32(case["beta"])
     for which in ("scale_a", "scale_b"):
         v = case.get(which)
-        if v == "row":
+        if v in C.BLOCK_RECIPES:  # block scales along K, (rows, K / 128) and (K / 128, cols)
+            s = C.expand_block_scales(case, which)
+            ops[which] = s[np.asarray(rows) % case["M"]] if which == "scale_a" else s[:, np.asarray(cols)]
+        elif v == "row":
             idx = (np.asarray(rows) % case["M"]) if which == "scale_a" else np.asarray(cols)
             s = C.scale_values(case, which, idx)
             ops[which] = s[:, None] if which == "scale_a" else s[None, :]
@@ -147,13 +150,15 @@ def main(argv=None):
     p.add_argument("--out", required=True)
     p.add_argument("--seconds", type=float, default=120.0, help="identify's time limit per case")
     p.add_argument("--only", default="", help="comma-separated layers to run (all by default)")
+    p.add_argument("--shapes", default="", help="comma-separated MxNxK shapes to run (all by default)")
     args = p.parse_args(argv)
     rows = []
     for path in args.captures:
         _, meta = C.load(path)
         lib = "jax" if "_jax_" in Path(path).name else "torch"
         found = {}
-        cases = [c for c in meta["cases"] if "key" in c and (not args.only or c["layer"] in args.only.split(","))]
+        cases = [c for c in meta["cases"] if "key" in c and (not args.only or c["layer"] in args.only.split(","))
+                 and (not args.shapes or f"{c['M']}x{c['N']}x{c['K']}" in args.shapes.split(","))]
         for case in sorted(cases, key=lambda c: c["layer"] != TWIN_OF[lib]):  # the bias-free GEMMs first
             twin_key = (case["M"], case["N"], case["K"], case["a"], case.get("batch"))
             row = one(path, case, found.get(twin_key) if case["layer"] != TWIN_OF[lib] else None, args.seconds)

@@ -1,7 +1,8 @@
 """Capture the GEMM layers ML code calls, with their epilogues, on this GPU: ``F.linear`` (with and
 without bias, 2-D and 3-D activations), ``torch.addmm`` (full C, a broadcast bias row, alpha = 2
 and beta = 0.5), ``torch.mm``, ``torch.baddbmm`` and fp8 ``torch._scaled_mm`` (per-tensor and
-row-wise scales, with and without bias) through PyTorch, and a jitted dense layer through XLA.
+row-wise scales, with and without bias; 1x128 and 128x128 block scales along K, DeepSeek-V3's
+recipe) through PyTorch, and a jitted dense layer through XLA.
 
     python experiments/hardware/layer_gemm.py --lib torch --mode all --out OUTDIR [--grid held-out]
     python experiments/hardware/layer_gemm.py --lib jax --out OUTDIR [--grid held-out]
@@ -19,7 +20,8 @@ one process); jax ``default`` and ``autotune_off`` (from ``XLA_FLAGS``).
 Operands (from the case's seed, ``tcemu._src.captures``): "a" is A (batch, M, K), the activation x
 (the 3-D one is A viewed as (B, S, K), ``x3``); "b" is B (K, N): a linear layer's weight is
 W = B.T (N, K), nn.Linear's layout (y = x W^T + b = A B + b), jax's W is B; "bias" an (N,) row,
-"c" a full (batch, M, N) C; fp8 row-wise scales ``scale_values``. ``b_layout``: how B lies in
+"c" a full (batch, M, N) C; fp8 row-wise scales ``scale_values``, block scales ``block_scales``
+("scaled_block" cases: ``scale_a``/``scale_b`` name the recipe, "1x128" or "128x128"). ``b_layout``: how B lies in
 memory for the call ("row": (K, N) row-major; "col": W = B.T row-major).
 """
 from __future__ import annotations
@@ -50,6 +52,13 @@ SHAPES = {  # (M, N, K): odd and round, skinny and deep
                  (3000, 1000, 333), (96, 8192, 1024), (2048, 2048, 5120)],
     "dry": [(13, 40, 24), (32, 48, 64), (18, 24, 40)],  # --dry-run: small K, so float64 sums are exact
 }
+BLOCK_SHAPES = {  # fp8 block scales along K: K a multiple of 128
+    "dev": [(256, 768, 512), (384, 128, 1280), (512, 1024, 4096), (128, 4096, 7168), (2048, 2048, 2048),
+            (200, 512, 1024)],
+    "held-out": [(640, 1536, 3072), (96, 2048, 1024), (1024, 512, 6144), (320, 896, 2560)],
+    "dry": [(16, 24, 256)],
+}
+BLOCK_PAIRS = (("1x128", "1x128"), ("1x128", "128x128"), ("128x128", "1x128"))  # (scale_a, scale_b) recipes
 BATCHED = {"dev": [(4, 512, 512, 1024), (2, 77, 3072, 768)], "held-out": [(3, 200, 640, 1536), (8, 64, 1024, 4096)],
            "dry": [(2, 16, 24, 32)]}  # torch.baddbmm: (batch, M, N, K)
 LIB = {"mm": "torch.mm", "matmul": "torch.matmul", "linear": "F.linear", "addmm": "torch.addmm", "baddbmm": "torch.baddbmm",
@@ -81,11 +90,13 @@ def cases(grid="dev", lib="torch", salt=0) -> list:
 
     def add(layer, shape, t, o=None, bias=None, c=None, alpha=1.0, beta=1.0, x3=None, scaling=None, **flags):
         bt, M, N, K = shape
-        sa, sb = {"tensor": SCALES, "row": ("row", "row"), None: (None, None)}[scaling]
+        sa, sb = scaling if isinstance(scaling, tuple) else {"tensor": SCALES, "row": ("row", "row"),
+                                                             None: (None, None)}[scaling]
         out.append(dict(lib=LIB[re.match("[a-z]+", layer)[0]], layer=layer, batch=bt, M=M, N=N, K=K, a=t, b=t,
                         out=o or t, bias=bias, c=c, alpha=alpha, beta=beta, x3=x3,
                         b_layout="col" if layer.startswith(("linear", "scaled")) else "row", scale_a=sa, scale_b=sb,
-                        flags=dict(flags, **({"scaling": scaling} if scaling else {})),
+                        flags=dict(flags, **({"scaling": ",".join(scaling) if isinstance(scaling, tuple) else scaling}
+                                             if scaling else {})),
                         seed=seed_of(bt, M, N, K, t, t, salt)))
 
     for M, N, K in SHAPES[grid]:
@@ -103,6 +114,10 @@ def cases(grid="dev", lib="torch", salt=0) -> list:
                     for bias in (None, "bf16"):
                         for fast in (False, True):
                             add("scaled_mm", s, "e4m3", o, bias=bias, scaling=scaling, use_fast_accum=fast)
+    for M, N, K in BLOCK_SHAPES[grid] if lib == "torch" else ():
+        for pair in BLOCK_PAIRS:
+            for o in ("bf16", "f32"):
+                add("scaled_block", (None, M, N, K), "e4m3", o, scaling=pair)
     for s in BATCHED[grid] if lib == "torch" else ():
         for t in ("f16", "bf16"):
             add("baddbmm_c", s, t, c=t)
@@ -138,7 +153,9 @@ def operands(case, ops, cache) -> dict:
             t[which] = cache[key]
     for which, shape in (("scale_a", (-1, 1)), ("scale_b", (1, -1))):
         v = case[which]
-        if v is not None:
+        if v in C.BLOCK_RECIPES:
+            t[which] = ops.f32(C.block_scales(case, which))
+        elif v is not None:
             t[which] = ops.f32(C.scale_values(case, which).reshape(shape) if v == "row" else np.float32(v))
     return t
 
@@ -163,6 +180,10 @@ def layer_call(ops, case, t):
         c = ops.reshape(t["c"], (M, case["N"])) if case["c"] else t["bias"]
         kw = {} if (case["alpha"], case["beta"]) == (1.0, 1.0) else {"beta": case["beta"], "alpha": case["alpha"]}
         return lambda: ops.addmm(c, a, b, **kw)
+    if layer == "scaled_block":
+        bcol = ops.col_major(b)
+        recipes = (case["scale_a"], case["scale_b"])
+        return lambda: ops.scaled_block(a, bcol, t["scale_a"], t["scale_b"], recipes, ops.dtype(case["out"]))
     assert layer == "scaled_mm", layer
     kw = dict(scale_a=t["scale_a"], scale_b=t["scale_b"], out_dtype=ops.dtype(case["out"]),
               use_fast_accum=case["flags"]["use_fast_accum"], **({"bias": t["bias"]} if case["bias"] else {}))
@@ -198,6 +219,19 @@ class NumpyOps:
     def scaled_mm(self, a, b, scale_a, scale_b, out_dtype, use_fast_accum, bias=None):
         y = a.astype(np.float64) @ b.astype(np.float64) * scale_a.astype(np.float64) * scale_b.astype(np.float64)
         return (y if bias is None else y + bias.astype(np.float64)).astype(out_dtype)
+
+    def scaled_block(self, a, b, scale_a, scale_b, recipes, out_dtype):
+        """Each K block's product times its scales, in float64 (exact at the dry grid's sizes)."""
+        M, K = a.shape
+        N = b.shape[1]
+        sa = np.repeat(scale_a, C.BLOCK_K, axis=0)[:M] if recipes[0] == "128x128" else scale_a
+        sb = np.repeat(scale_b, C.BLOCK_K, axis=0)[:N] if recipes[1] == "128x128" else scale_b
+        y = np.zeros((M, N))
+        for j in range(-(-K // C.BLOCK_K)):
+            ks = slice(j * C.BLOCK_K, (j + 1) * C.BLOCK_K)
+            p = a[:, ks].astype(np.float64) @ b[ks].astype(np.float64)
+            y += p * sa[:, j:j + 1].astype(np.float64) * sb[:, j][None].astype(np.float64)
+        return y.astype(out_dtype)
 
 
 class DryTorch:
@@ -237,6 +271,51 @@ class Torch:
         self.mm, self.addmm, self.baddbmm, self.linear = torch.mm, torch.addmm, torch.baddbmm, F.linear
         self.matmul = torch.matmul
         self.scaled_mm = torch._scaled_mm
+        self.block_call = None  # how this torch takes block scales, found on the first call
+
+    def scaled_block(self, a, b, scale_a, scale_b, recipes, out_dtype):
+        """fp8 GEMM with block scales along K (``scale_a``, ``scale_b`` as ``block_scales`` stores
+        them), in the layouts torch's own tests give cuBLASLt: 1x128 scales outer-dim major,
+        128x128 scales with K padded to a multiple of 4 blocks and transposed; through
+        ``torch.nn.functional.scaled_mm`` with the recipes where this torch has it, else
+        ``torch._scaled_mm`` (recipes from the shapes)."""
+        t = self.torch
+
+        def layout(s, recipe):
+            if recipe == "1x128":
+                return s.t().contiguous().t()
+            L4 = -(-s.shape[1] // 4) * 4
+            return t.nn.functional.pad(s, (0, L4 - s.shape[1])).t()
+
+        sa, sb = layout(scale_a, recipes[0]), layout(scale_b, recipes[1])
+        if self.block_call is None:
+            self.block_call = self._block_calls(a, b, sa, sb, recipes, out_dtype)
+        return self.block_call[1](a, b, sa, sb, recipes, out_dtype)
+
+    def _block_calls(self, a, b, sa, sb, recipes, out_dtype):
+        """(name, call) of the first way of passing block scales this torch accepts."""
+        t = self.torch
+        F = t.nn.functional
+
+        def recipe(name):
+            enum = getattr(F, "ScalingType", None)
+            for spelling in ("BlockWise" + name, "Blockwise_" + name):
+                if enum is not None and hasattr(enum, spelling):
+                    return getattr(enum, spelling)
+            raise AttributeError(f"no ScalingType for {name}")
+
+        calls = [("torch.nn.functional.scaled_mm", lambda a, b, sa, sb, r, o: F.scaled_mm(
+                     a, b, sa, recipe(r[0]), sb, recipe(r[1]), output_dtype=o)),
+                 ("torch._scaled_mm", lambda a, b, sa, sb, r, o: t._scaled_mm(a, b, sa, sb, out_dtype=o))]
+        errors = []
+        for name, call in calls:
+            try:
+                call(a, b, sa, sb, recipes, out_dtype)
+                print(f"block scales through {name}", flush=True)
+                return name, call
+            except Exception as e:  # noqa: BLE001 - try the next spelling
+                errors.append(f"{name}: {type(e).__name__}: {str(e)[:300]}")
+        raise RuntimeError("; ".join(errors))
 
     def versions(self):
         env = {k: os.environ[k] for k in ("DISABLE_ADDMM_CUDA_LT", "TORCH_BLAS_PREFER_CUBLASLT",
@@ -289,7 +368,10 @@ class Torch:
         b1, b2 = (d.reshape(-1, d.shape[-1]).view(self.int_of[d.element_size()]) for d in (d1, d2))
         rows, cols = (t.as_tensor(x, device="cuda") for x in G.crop(case))
         crop = b1[rows][:, cols].cpu().numpy().view(C.OUT_STORAGE[case["out"]])
-        return crop, {"kernels": [e.name for e in events], "deterministic": bool(t.equal(b1, b2))}
+        info = {"kernels": [e.name for e in events], "deterministic": bool(t.equal(b1, b2))}
+        if case["layer"] == "scaled_block":
+            info["call"] = self.block_call[0]
+        return crop, info
 
 
 class Jax:
@@ -351,6 +433,7 @@ def main(argv=None) -> list:
     p.add_argument("--grid", choices=tuple(SHAPES), help="dev (default), held-out; dry (--dry-run's default)")
     p.add_argument("--seed-salt", type=int, default=0, help="mixed into every seed: new inputs, same grid")
     p.add_argument("--limit", type=int, default=0, help="first N cases only")
+    p.add_argument("--layers", help="only these layers (comma-separated, e.g. scaled_block); named in the file")
     p.add_argument("--dry-run", action="store_true", help="CPU: numpy stand-ins for torch, jax on the CPU")
     args = p.parse_args(argv)
     args.grid = args.grid or ("dry" if args.dry_run else "dev")
@@ -359,6 +442,8 @@ def main(argv=None) -> list:
     todo = cases(args.grid, args.lib, args.seed_salt)
     if args.dry_run:
         print("cases a mode: " + ", ".join(f"{g} {len(cases(g, args.lib))}" for g in SHAPES), flush=True)
+    if args.layers:
+        todo = [c for c in todo if c["layer"] in args.layers.split(",")]
     todo = todo[:args.limit] if args.limit else todo
     written = []
     for mode in modes:
@@ -393,9 +478,11 @@ def save(args, runner, mode, settings, arrays, meta, t0) -> Path:
               "mode": mode, "settings": settings, "grid": args.grid, "seed_salt": args.seed_salt,
               "dry_run": args.dry_run, "command": (f"XLA_FLAGS={xla} " if xla else "")
               + f"python experiments/hardware/layer_gemm.py --lib {args.lib} --mode {mode} --grid {args.grid}"
-              + f" --seed-salt {args.seed_salt} --out OUTDIR" + (" --dry-run" if args.dry_run else "")}
-    suffix = {"dev": "", "held-out": "_heldout", "dry": "_dry"}[args.grid] + (f"_salt{args.seed_salt}"
-                                                                             if args.seed_salt else "")
+              + f" --seed-salt {args.seed_salt} --out OUTDIR" + (" --dry-run" if args.dry_run else "")
+              + (f" --layers {args.layers}" if args.layers else "")}
+    suffix = ({"dev": "", "held-out": "_heldout", "dry": "_dry"}[args.grid]
+              + (f"_salt{args.seed_salt}" if args.seed_salt else "")
+              + ("_" + args.layers.replace(",", "_") if args.layers else ""))
     gpu = "cpu" if args.dry_run else LG.gpu_name()
     out = Path(args.out) / f"layer_gemm_{gpu}_{args.lib}_{mode}{suffix}.npz"
     np.savez_compressed(out, **arrays, meta=np.array(json.dumps({"header": header, "cases": meta})))

@@ -79,7 +79,6 @@ extern "C" __global__ void __launch_bounds__(128) {kname(d, a, K)}(const unsigne
 
 def a_coords(K, bits):
     """(128 threads, values) -> (row, k) of A for the register A fragment of m64nNkK."""
-    from itertools import product  # noqa: F401
     nval = 4 * 32 // bits
     out = np.zeros((128, nval, 2), np.int64)
     for t in range(128):

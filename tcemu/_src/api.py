@@ -56,6 +56,8 @@ def ptx(spelling: str, arch="sm_90", *, model=None):
     if isinstance(ins, P.Tcgen05):
         raise P.Unsupported(f"{spelling!r}: tcgen05.mma works on tensor memory and shared-memory descriptors; "
                             "tcemu emulates it at value level only: use tcemu.mma")
+    if isinstance(ins, P.Mma):  # the architecture first, before what tcemu emulates of it
+        check_arch(ins, a)
     _check_model(ins, model)
     if isinstance(ins, P.WmmaLoad):
         return W.WmmaLoad_(ins, a)

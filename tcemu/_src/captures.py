@@ -18,7 +18,9 @@ fraction bits; no zeros, no specials.
 
 The layer captures (``experiments/hardware/layer_gemm.py``) add epilogue operands, each with its
 own stream of bits (``_TAG``; A's and B's are unchanged): a bias row (N,) (``bias_values``), a full
-C (batch, M, N) (``c_rows``), and the row-wise fp8 scales (``scale_values``), all of the case's seed.
+C (batch, M, N) (``c_rows``), the row-wise fp8 scales (``scale_values``) and the fp8 block scales
+along K (``block_scales``: cuBLASLt's 1x128 and 128x128 blocks, DeepSeek-V3's recipe), all of the
+case's seed.
 """
 from __future__ import annotations
 
@@ -95,6 +97,32 @@ def scale_values(case: dict, which: str, idx=None):
     default); positive, exponent over 2^-5 .. 2^2, all 23 fraction bits random."""
     idx = np.arange(case["M" if which == "scale_a" else "N"]) if idx is None else np.asarray(idx, dtype=np.int64)
     return (operand_bits(case["seed"], which, "f32", idx) & np.uint32(0x7FFFFFFF)).view(np.float32)
+
+
+BLOCK_K = 128  # K elements per block scale
+BLOCK_RECIPES = ("1x128", "128x128")
+
+
+def block_scales(case: dict, which: str):
+    """The fp8 block scales of ``case[which]`` ("1x128" or "128x128") as stored: rows of A (columns
+    of B) by blocks of 128 elements of K, float32 (M or ceil(M / 128), ceil(K / 128)) for
+    ``scale_a``, (N or ceil(N / 128), ceil(K / 128)) for ``scale_b``; positive, exponent over
+    2^-5 .. 2^2, all 23 fraction bits random."""
+    size = case["M" if which == "scale_a" else "N"]
+    rows = size if case[which] == "1x128" else -(-size // BLOCK_K)
+    kb = -(-case["K"] // BLOCK_K)
+    bits = operand_bits(case["seed"], which, "f32", np.arange(rows * kb)) & np.uint32(0x7FFFFFFF)
+    return bits.view(np.float32).reshape(rows, kb)
+
+
+def expand_block_scales(case: dict, which: str):
+    """:func:`block_scales` one per row and K block as ``tcemu.matmul`` takes them: ``scale_a``
+    (M, ceil(K / 128)), ``scale_b`` (ceil(K / 128), N)."""
+    s = block_scales(case, which)
+    size = case["M" if which == "scale_a" else "N"]
+    if case[which] == "128x128":
+        s = np.repeat(s, BLOCK_K, axis=0)[:size]
+    return s if which == "scale_a" else np.ascontiguousarray(s.T)
 
 
 def shape_of(case: dict, which: str) -> tuple:

@@ -77,15 +77,22 @@ def _type(v, name, choices):
     return s
 
 
+MAX_DIM = 2**31  # sizes JAX can index (int32)
+
+
 def _dim(v, name, lo=1):
-    if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)) or v < lo:
-        raise ValueError(f"library_config: {name} must be an integer >= {lo}, got {v!r}")
+    if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)) or not lo <= v < MAX_DIM:
+        raise ValueError(f"library_config: {name} must be an integer >= {lo} and below 2**31 (JAX indexes with int32), "
+                         f"got {v!r}")
     return int(v)
 
 
 def _gpu(arch):
     """"H100" or "H200" from that name or a device name holding it as a word ("NVIDIA H100 80GB HBM3")."""
-    words = re.split(r"[^A-Z0-9]+", str(arch).upper())
+    if not isinstance(arch, str):
+        raise TypeError(f"library_config: arch must be one of {', '.join(GPUS)} (a string, or a device name holding "
+                        f"one), got {arch!r} ({type(arch).__name__})")
+    words = re.split(r"[^A-Z0-9]+", arch.upper())
     for g in GPUS:
         if g in words:
             return g

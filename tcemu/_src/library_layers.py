@@ -81,16 +81,31 @@ def _dense(gpu, M, N, K, batch, t, out, f) -> GemmConfig:
     return gemm_config("jnp.dot", **kw).replace(epilogue=Epilogue(bias="output"))
 
 
+# block scales along K (scale_a's recipe, scale_b's) -> the order of the scales in each promotion's FFMA
+BLOCK_SCALINGS = {"1x128,1x128": "sequential", "1x128,128x128": "product", "128x128,1x128": "product"}
+
+
 def _scaled_mm(kw: dict, flags: dict) -> GemmConfig:
     """``torch._scaled_mm``: the table's schedule; the scales as cuBLASLt applies them (layer
     captures): per-tensor scales multiplied together first, ``acc * (scale_a * scale_b)``,
-    row-wise scales (its outer-vector-scale kernels) in turn, ``(acc * scale_a) * scale_b``."""
+    row-wise scales (its outer-vector-scale kernels) in turn, ``(acc * scale_a) * scale_b``.
+    Block scales along K (``scaling`` one of :data:`BLOCK_SCALINGS`, cuBLASLt's nvjet
+    block-scaled kernels, no split-K seen): promotion every 128 elements of K, each block's
+    partial entering the float32 accumulator by ``fma(p * scale_a, scale_b, acc)`` with two
+    1x128 scales and ``fma(p, scale_a * scale_b, acc)`` with a 128x128 one."""
     flags = dict(flags)
     scaling = flags.pop("scaling", "tensor")
-    if scaling not in ("tensor", "row"):
-        raise ValueError(f"library_config: scaling must be 'tensor' (scalar scales) or 'row' (scale_a (M, 1), "
-                         f"scale_b (1, N)), got {scaling!r}")
+    if scaling not in ("tensor", "row", *BLOCK_SCALINGS):
+        raise ValueError(f"library_config: scaling must be 'tensor' (scalar scales), 'row' (scale_a (M, 1), "
+                         f"scale_b (1, N)) or block scales along K, scale_a's recipe and scale_b's: "
+                         f"{', '.join(map(repr, BLOCK_SCALINGS))}; got {scaling!r}")
+    if scaling in BLOCK_SCALINGS and flags.get("use_fast_accum"):
+        raise ValueError("library_config: block-scaled fp8 GEMMs promote every 128 elements of K; "
+                         "use_fast_accum=True is not available with them")
     cfg = gemm_config("torch._scaled_mm", **kw, **flags)
+    if scaling in BLOCK_SCALINGS:
+        return cfg.replace(schedule=KSchedule(promotion=128),
+                           epilogue=Epilogue(scale_block=128, scales=BLOCK_SCALINGS[scaling]))
     return cfg.replace(epilogue=Epilogue(scales="product" if scaling == "tensor" else "sequential"))
 
 
@@ -135,8 +150,9 @@ def library_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, ba
     ``allow_splitk`` (torch layers: False for ``preferred_blas_library("cublaslt")`` with
     ``allow_{fp16,bf16}_reduced_precision_reduction = (False, False)``; default True), ``c``
     (torch.addmm: "matrix" or "row"), ``alpha``, ``beta`` (torch.addmm, torch.baddbmm; default
-    1), ``xla_autotune`` (jax.dense); ``scaling`` (torch._scaled_mm: "tensor" (default) or "row"
-    scales). Pass the layer's bias / C / alpha / beta to
+    1), ``xla_autotune`` (jax.dense); ``scaling`` (torch._scaled_mm: "tensor" (default), "row"
+    scales, or block scales along K "1x128,1x128", "1x128,128x128", "128x128,1x128": scale_a's
+    recipe and scale_b's, given to ``matmul`` as (M, K / 128) and (K / 128, N)). Pass the layer's bias / C / alpha / beta to
     :func:`tcemu.matmul` with the config returned: its ``epilogue`` says where they are added.
 
     >>> import tcemu
@@ -147,6 +163,9 @@ def library_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, ba
     >>> cfg.schedule.describe()                    # XLA's split-K: 64 slices, a warp-shuffle reduction
     'k-tile 16, residue last, 64 slices aligned to 8, shuffle reduction of f32 partials'
     """
+    if not isinstance(lib, str):
+        raise TypeError(f"library_config: lib must be one of {', '.join(list(LIBRARIES) + list(LAYERS))} (a string), "
+                        f"got {lib!r} ({type(lib).__name__})")
     if lib == "torch._scaled_mm":
         return _scaled_mm(dict(arch=arch, M=M, N=N, K=K, a=a, b=b, out=out, batch=batch), flags)
     if lib in LIBRARIES:

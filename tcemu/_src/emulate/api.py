@@ -16,7 +16,7 @@ import sys
 import jax
 import numpy as np
 
-from tcemu._src.emulate.gemms import Gemms, Row
+from tcemu._src.emulate.gemms import Gemms
 from tcemu._src.emulate.interpret import run
 from tcemu._src.emulate.policy import Policy, as_policy
 

@@ -20,6 +20,7 @@ from tcemu._src.checks import check_key, real_array
 from tcemu._src.gemm.autodiff import emulated_matmul
 from tcemu._src.gemm.config import GemmConfig, as_config
 from tcemu._src.gemm.epilogue import OUT_TYPES, finish
+from tcemu._src.gemm.kscales import check_scales, matmul_kscaled
 
 _OUT_DTYPES = {jnp.dtype(jnp.float32): "f32", jnp.dtype(jnp.float16): "f16", jnp.dtype(jnp.bfloat16): "bf16",
                jnp.dtype(jnp.float8_e4m3fn): "e4m3", jnp.dtype(jnp.float8_e5m2): "e5m2"}
@@ -74,7 +75,9 @@ def matmul(a, b, *, c=None, bias=None, alpha=None, beta=None, scale_a=None, scal
     ``k_order=``, ...). Inputs are rounded to the instruction's formats (straight-through
     gradient). The epilogue (:class:`tcemu.Epilogue`, ``config.epilogue``: in which order and
     precision) takes ``scale_a`` and ``scale_b`` (fp8 scales: scalars per tensor, or (..., M, 1)
-    and (1, N) row-wise), scalars ``alpha`` and ``beta``, ``c`` (broadcasting to (..., M, N)) and
+    and (1, N) row-wise; with ``Epilogue(scale_block=128)`` block scales along K, (..., M, K / 128)
+    and (..., K / 128, N), applied at each promotion: :mod:`~tcemu._src.gemm.kscales`), scalars
+    ``alpha`` and ``beta``, ``c`` (broadcasting to (..., M, N)) and
     ``bias`` ((N,), added to every row as ``nn.Linear``'s); absent operands are skipped. The
     result has ``out_type`` ("f32", "f16", "bf16", "e4m3", "e5m2" or the dtype; default float32,
     where an f16-accumulating instruction's D is widened exactly).
@@ -109,12 +112,18 @@ def matmul(a, b, *, c=None, bias=None, alpha=None, beta=None, scale_a=None, scal
         raise ValueError("quantize='stochastic' needs key=jax.random.key(...)")
     out_shape = tuple(batch) + (a.shape[-2], b.shape[-1])
     out = "f32" if out_type is None else _out_type(out_type, "matmul")
+    kscales = None
+    if cfg.epilogue.scale_block:  # block scales along K: applied in the mainloop, not the epilogue
+        kscales = check_scales("matmul", cfg, a.shape, b.shape, scale_a, scale_b)
+        scale_a = scale_b = None
     ops = _epilogue_operands("matmul", out_shape, alpha=alpha, beta=beta, c=c, bias=bias, scale_a=scale_a,
                              scale_b=scale_b)
     if 0 in out_shape:
         return jnp.zeros(out_shape, fm.VALUE_DTYPES[out])
     if a.shape[-1] == 0:  # no products: D = +0, the chain's first C
         acc = jnp.zeros(out_shape, jnp.float32)
+    elif kscales is not None:
+        acc = matmul_kscaled(a, b, *kscales, key, cfg)
     else:
         acc = emulated_matmul(a, b, key, cfg)
     return acc if out == "f32" and not ops else finish(acc, ops, out, cfg.epilogue)
@@ -172,6 +181,9 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     ((2, 3), dtype(bfloat16), 8.0)
     """
     cfg = as_config(config, {}, "dot_general")
+    if cfg.epilogue.scale_block:
+        raise ValueError("dot_general: block scales along K (Epilogue.scale_block) are taken by tcemu.matmul, "
+                         "with scale_a (..., M, K / block) and scale_b (..., K / block, N)")
     lhs = real_array(lhs, "dot_general", "lhs")
     rhs = real_array(rhs, "dot_general", "rhs")
     lc, rc, lb, rb = _dimension_numbers(dimension_numbers, lhs, rhs)
@@ -218,6 +230,9 @@ def einsum(subscripts, *operands, config: GemmConfig | None = None, key=None, c=
     [[16.0, 17.0, 18.0]]
     """
     cfg = as_config(config, {}, "einsum")
+    if cfg.epilogue.scale_block:
+        raise ValueError("einsum: block scales along K (Epilogue.scale_block) are taken by tcemu.matmul, "
+                         "with scale_a (..., M, K / block) and scale_b (..., K / block, N)")
     dg = functools.partial(dot_general, config=cfg, key=check_key(key, "einsum"))
     if not isinstance(subscripts, str):
         raise TypeError(f"einsum: subscripts must be a string such as 'ij,jk->ik', got {type(subscripts).__name__}")

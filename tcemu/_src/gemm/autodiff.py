@@ -1,11 +1,17 @@
 """The differentiable GEMM: inputs quantised to the instruction's formats with a straight-through
 gradient, the forward GEMM emulated, the two backward GEMMs exact in float32 or emulated with
-their own configs (``GemmConfig.grad_lhs`` / ``grad_rhs``), through ``jax.custom_vjp``.
+their own configs (``GemmConfig.grad_lhs`` / ``grad_rhs``), through ``jax.custom_jvp`` and a linear
+tangent primitive whose transpose is the backward GEMMs. Forward mode (``jax.jvp``,
+``jax.jacfwd``) gives the straight-through tangent ``da @ b + a @ db`` exactly in float32 on the
+quantised operands; it needs both backward GEMMs exact (``grad_lhs = grad_rhs = None``).
 
     >>> import jax, jax.numpy as jnp, tcemu
     >>> g = jax.grad(lambda b: tcemu.matmul(jnp.ones((2, 3)), b).sum())(jnp.ones((3, 4)))
     >>> g.tolist()[0]
     [2.0, 2.0, 2.0, 2.0]
+    >>> _, t = jax.jvp(lambda b: tcemu.matmul(jnp.ones((2, 3)), b), (jnp.ones((3, 4)),), (jnp.ones((3, 4)),))
+    >>> t.tolist()[0]
+    [3.0, 3.0, 3.0, 3.0]
 """
 from __future__ import annotations
 
@@ -14,12 +20,15 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.core import ShapedArray
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
 
 from tcemu._src.gemm.config import GemmConfig
 from tcemu._src.gemm.epilogue import tensor_scaled, to_float32
 from tcemu._src.gemm.execute import batched_gemm_bits
 from tcemu._src.quant.blocks import block_quantize
-from tcemu._src.quant.elements import quantize, to_codes
+from tcemu._src.quant.elements import as_float32, quantize, to_codes
 
 
 @jax.custom_jvp
@@ -30,8 +39,8 @@ def _ste(x, q):
 
 
 @_ste.defjvp
-def _ste_jvp(primals, tangents):
-    return primals[1], tangents[0]
+def _ste_jvp(primals, tangents):  # the primal through _ste again: straight through at every order
+    return _ste(*primals), tangents[0]
 
 
 def _codes_gemm(A, B, cfg: GemmConfig, key, scales=None):
@@ -91,48 +100,93 @@ def _unbroadcast(g, shape):
     return g
 
 
-def _backward(cfg, a, b, g):
-    """(dA, dB) of ``a @ b`` for the output cotangent ``g``."""
+def _backward(cfg, a, b, g, need=(True, True)):
+    """(dA, dB) of ``a @ b`` for the output cotangent ``g`` (None where ``need`` is False)."""
     g = g.astype(jnp.float32)
-    da = _grad_matmul(g, jnp.swapaxes(b, -1, -2), cfg.grad_lhs)
-    if b.ndim == 2:
+    da = db = None
+    if need[0]:
+        da = _unbroadcast(_grad_matmul(g, jnp.swapaxes(b, -1, -2), cfg.grad_lhs), a.shape)
+    if need[1] and b.ndim == 2:
         db = _grad_matmul(a.reshape(-1, a.shape[-1]).T, g.reshape(-1, g.shape[-1]), cfg.grad_rhs)
-    else:
+    elif need[1]:
         db = _unbroadcast(_grad_matmul(jnp.swapaxes(a, -1, -2), g, cfg.grad_rhs), b.shape)
-    return _unbroadcast(da, a.shape), db
+    return da, db
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+# The tangent of the emulated GEMM, straight through: da @ b + a @ db, linear in (da, db). A
+# primitive, so that reverse mode transposes it into the backward GEMMs of ``cfg`` (exact float32,
+# or emulated with grad_lhs / grad_rhs) while forward mode (jvp, jacfwd) evaluates it exactly in
+# float32, which is the transpose of the backward only when both backward GEMMs are exact.
+_tangent_p = Primitive("tcemu_gemm_tangent")
+
+
+def _exact_tangent(a, b, da, db):
+    return _grad_matmul(da, b, None) + _grad_matmul(a, db, None)
+
+
+def _forward_mode(cfg: GemmConfig):
+    """Forward-mode tangent of ``cfg``'s GEMM: exact float32, or a ValueError where the backward
+    GEMMs are emulated (no linear tangent has them as its transpose)."""
+    if cfg.grad_lhs is not None or cfg.grad_rhs is not None:
+        raise ValueError("forward-mode differentiation (jax.jvp, jax.jacfwd, jax.linearize) of tcemu.matmul needs "
+                         "GemmConfig.grad_lhs = grad_rhs = None (exact float32 backward GEMMs, whose transpose is the "
+                         "exact tangent da @ b + a @ db); this config emulates its backward GEMMs, which reverse mode "
+                         "(jax.grad, jax.vjp, jax.jacrev) runs")
+    return _exact_tangent
+
+
+def _tangent_abstract(a, b, da, db, *, cfg):
+    lead = a.shape[:-1] if b.ndim == 2 else np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + a.shape[-2:-1]
+    return ShapedArray(lead + b.shape[-1:], jnp.float32)
+
+
+def _tangent_transpose(g, a, b, da, db, *, cfg):
+    need = (ad.is_undefined_primal(da), ad.is_undefined_primal(db))
+    if type(g) is ad.Zero:
+        return None, None, None, None
+    return (None, None) + _backward(cfg, a, b, g, need)
+
+
+def _tangent_batch(args, dims, *, cfg):
+    return jax.vmap(_forward_mode(cfg), in_axes=dims)(*args), 0
+
+
+def _tangent_jvp(primals, tangents, *, cfg):
+    a, b, da, db = primals
+    ta, tb, tda, tdb = (ad.instantiate_zeros(t) for t in tangents)
+    out = _tangent_p.bind(a, b, da, db, cfg=cfg)
+    return out, _tangent_p.bind(a, b, tda, tdb, cfg=cfg) + _tangent_p.bind(da, db, ta, tb, cfg=cfg)
+
+
+_tangent_p.def_impl(lambda *args, cfg: _forward_mode(cfg)(*args))
+_tangent_p.def_abstract_eval(_tangent_abstract)
+ad.primitive_jvps[_tangent_p] = _tangent_jvp
+ad.primitive_transposes[_tangent_p] = _tangent_transpose
+batching.primitive_batchers[_tangent_p] = _tangent_batch
+mlir.register_lowering(_tangent_p, lambda ctx, *args, cfg: mlir.lower_fun(_forward_mode(cfg), False)(ctx, *args))
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
 def _mm(a, b, cfg, key):
     return _emulated(a, b, cfg, key)
 
 
-def _mm_fwd(a, b, cfg, key):
-    return _emulated(a, b, cfg, key), (a, b)
+@_mm.defjvp
+def _mm_jvp(cfg, primals, tangents):
+    a, b, key = primals
+    return _mm(a, b, cfg, key), _tangent_p.bind(a, b, tangents[0], tangents[1], cfg=cfg)
 
 
-def _mm_bwd(cfg, res, g):
-    return _backward(cfg, *res, g) + (None,)
-
-
-_mm.defvjp(_mm_fwd, _mm_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
 def _mm_block(a, b, cfg):
     return _emulated_block(a, b, cfg)[0]
 
 
-def _mm_block_fwd(a, b, cfg):
-    out, da, db = _emulated_block(a, b, cfg)
-    return out, (da, db)
-
-
-def _mm_block_bwd(cfg, res, g):  # straight through the quantisation: the dequantised operands
-    return _backward(cfg, *res, g)
-
-
-_mm_block.defvjp(_mm_block_fwd, _mm_block_bwd)
+@_mm_block.defjvp
+def _mm_block_jvp(cfg, primals, tangents):  # straight through the quantisation: the dequantised operands
+    a, b = primals
+    _, qa, qb = _emulated_block(a, b, cfg)
+    return _mm_block(a, b, cfg), _tangent_p.bind(_ste(a, qa), _ste(b, qb), *tangents, cfg=cfg)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -141,11 +195,11 @@ def emulated_matmul(a, b, key, cfg: GemmConfig):
     is one XLA program, not one dispatch (and one compile per new shape) per operation."""
     ins = cfg.ins
     if ins.scale_vec is not None:
-        return _mm_block(a.astype(jnp.float32), b.astype(jnp.float32), cfg)
+        return _mm_block(as_float32(a), as_float32(b), cfg)
     ka = kb = None
     if cfg.quantize == "stochastic":
         key, ka, kb = jax.random.split(key, 3)
-    af, bf = a.astype(jnp.float32), b.astype(jnp.float32)
+    af, bf = as_float32(a), as_float32(b)  # float64 (x64) narrowed without XLA's CPU flush
     qa = _ste(af, quantize(af, ins.atype, cfg.quantize, ka))
     qb = _ste(bf, quantize(bf, ins.btype, cfg.quantize, kb))
     return _mm(qa, qb, cfg, key)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import jax
+
 from tcemu._src.arch import resolve
 from tcemu._src.gemm.epilogue import Epilogue
 from tcemu._src.gemm.schedule import KSchedule
@@ -24,6 +26,7 @@ from tcemu._src.quant.elements import MODES as QUANTIZE_MODES
 K_ORDERS = ("sequential", "split_k", "promotion", "pairwise")
 
 
+@jax.tree_util.register_static  # a static argument of jit / vmap, hashed into the cache key
 @dataclasses.dataclass(frozen=True)
 class GemmConfig:
     """How an emulated GEMM computes (hashable; pass as ``config=``).
@@ -100,6 +103,23 @@ class GemmConfig:
             self.schedule.check(ins.k, f"GemmConfig.schedule with {ins.spelling!r}")
         check_arch(ins, arch)
         mma_numerics.resolve_model(ins, self.model, arch)  # the preset or model= has numerics for it
+        self._check_block_scales(ins)
+
+    def _check_block_scales(self, ins):
+        blk = self.epilogue.scale_block
+        if not blk:
+            return
+        where = f"GemmConfig: Epilogue(scale_block={blk})"
+        if ins.scale_vec is not None:
+            raise ValueError(f"{where}: {ins.spelling!r} has block scales of its own (MX/NVFP4); block scales along "
+                             "K are for instructions without them (fp8 wgmma/mma)")
+        if self.grad_lhs is not None or self.grad_rhs is not None:
+            raise ValueError(f"{where}: the backward GEMMs of a GEMM with block scales along K are the exact float32 "
+                             "ones of the scaled inputs; give grad_lhs=None and grad_rhs=None")
+        p = self.k_schedule.promotion
+        if not p or blk % p:
+            raise ValueError(f"{where}: needs a K schedule whose promotion groups divide the block (promotion={p}): "
+                             f"k_order='promotion' with promotion_interval={blk}, or schedule=KSchedule(promotion={blk})")
 
     @property
     def ins(self) -> Mma:

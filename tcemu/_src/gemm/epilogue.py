@@ -7,7 +7,9 @@ backend):
 
 1. the input scales (fp8 GEMMs): ``acc * (scale_a * scale_b)`` (``scales="product"``, cuBLASLt's
    per-tensor form) or ``(acc * scale_a) * scale_b`` (``"sequential"``); a scale is a scalar
-   (per tensor) or a vector (row-wise: ``scale_a`` (..., M, 1), ``scale_b`` (1, N));
+   (per tensor) or a vector (row-wise: ``scale_a`` (..., M, 1), ``scale_b`` (1, N)). Block
+   scales along K (``scale_block``) are not applied here but in the mainloop, to each block's
+   partial sum (:mod:`~tcemu._src.gemm.kscales`);
 2. ``alpha``: ``t * alpha``;
 3. ``beta * c`` added (``c="accumulator"``);
 4. ``bias`` added, broadcast along the rows as ``nn.Linear``'s (``bias="accumulator"``);
@@ -39,7 +41,7 @@ import jax.numpy as jnp
 from tcemu._src import formats as fm
 from tcemu._src.numerics import fp32
 from tcemu._src.numerics.cvt import convert
-from tcemu._src.numerics.model import choice_field, replace_fields
+from tcemu._src.numerics.model import choice_field, int_field, replace_fields
 from tcemu._src.numerics import rounding
 from tcemu._src.quant.elements import widen
 
@@ -48,6 +50,7 @@ SCALE_ORDERS = ("product", "sequential")
 OUT_TYPES = ("f32", "f16", "bf16", "e4m3", "e5m2")
 
 
+@jax.tree_util.register_static  # a static argument of jit / vmap, hashed into the cache key
 @dataclasses.dataclass(frozen=True)
 class Epilogue:
     """Where and in what precision a GEMM kernel applies its epilogue (hashable, validated).
@@ -60,6 +63,12 @@ class Epilogue:
       scales: "product" (``acc * (scale_a * scale_b)``) or "sequential" (``(acc * scale_a) * scale_b``).
       saturate: f16/bf16 outputs saturate to the largest finite value instead of overflowing to
         infinity (``cvt...satfinite``); fp8 outputs always saturate.
+      scale_block: 0 (``scale_a`` and ``scale_b`` per tensor or row, applied to the accumulator
+        as above), or the K elements of one block scale (DeepSeek-V3's and cuBLASLt's 1x128 and
+        128x128 fp8 scales: 128): ``scale_a`` (..., M, K / block) and ``scale_b`` (..., K / block,
+        N); each promotion group's partial sum enters the float32 accumulator by one FFMA,
+        ``fma(p, scale_a * scale_b, acc)`` ("product") or ``fma(p * scale_a, scale_b, acc)``
+        ("sequential"). Needs a K schedule with promotion groups inside the blocks.
 
     >>> Epilogue(bias="output").bias
     'output'
@@ -69,6 +78,7 @@ class Epilogue:
     bias: str = "accumulator"
     scales: str = "product"
     saturate: bool = False
+    scale_block: int = 0
 
     def __post_init__(self):
         choice_field(self, "c", PLACES)
@@ -76,6 +86,7 @@ class Epilogue:
         choice_field(self, "scales", SCALE_ORDERS)
         if not isinstance(self.saturate, bool):
             raise TypeError(f"Epilogue.saturate must be True or False, got {self.saturate!r}")
+        int_field(self, "scale_block", 0, None, "; 0: scales per tensor or row")
 
     def replace(self, **changes) -> "Epilogue":
         """A copy with ``changes`` applied (validated)."""
@@ -88,8 +99,11 @@ def to_float32(d_bits, fmt):
 
 
 def tensor_scaled(out, scale_a, scale_b):
-    """``out`` times the reciprocals of two per-tensor encode scales (NVFP4)."""
-    return out * (rounding.divide(1, scale_a) * rounding.divide(1, scale_b))
+    """``out`` times the reciprocals of two per-tensor encode scales (NVFP4), each product rounded
+    to nearest even in integers (a reciprocal of a clamped scale is subnormal, which XLA's CPU
+    float arithmetic would flush)."""
+    inv = fp32.mul(fp32.bits(rounding.divide(1, scale_a)), fp32.bits(rounding.divide(1, scale_b)))
+    return fp32.values(fp32.mul(fp32.bits(out), inv))
 
 
 def _round(t, out: str, saturate: bool):

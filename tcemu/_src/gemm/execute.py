@@ -22,7 +22,9 @@ from tcemu._src import sharding
 from tcemu._src.gemm import kernel as on_kernel
 from tcemu._src.gemm import xla
 from tcemu._src.gemm.config import GemmConfig
-from tcemu._src.gemm.plan import check_block_aligned
+import jax.numpy as jnp
+
+from tcemu._src.gemm.plan import chain_blocks, check_block_aligned
 from tcemu._src.numerics.backends import kernel_for
 
 
@@ -41,21 +43,39 @@ def _kernel(ins, model):
 def gemm_bits(a_bits, b_bits, cfg: GemmConfig, key=None, scales=None):
     """Emulated (M, K) @ (K, N) on bit patterns of the instruction's input types, following
     ``cfg.k_schedule``; block-scaled instructions take ``scales`` = (A's (M, K / block), B's
-    (K / block, N)) scale codes.
+    (K / block, N)) scale codes, and a config with block scales along K
+    (``cfg.epilogue.scale_block``) the float32 bits of its scales in the same shapes.
 
     Returns (D bits (M, N), format of D): the accumulator format when one chain of instructions
     makes D, float32 when partial results are added (slices, promotion).
     """
     ins, model = cfg.ins, cfg.numerics
     plan = cfg.k_schedule.plan(a_bits.shape[1], ins.k)
-    if scales is not None:
+    kscales = None
+    if cfg.epilogue.scale_block:
+        kscales = _k_scales(plan, a_bits.shape[1], scales, cfg)
+        scales = None
+    elif scales is not None:
         check_block_aligned(plan, ins.scale_block, repr(ins.spelling))
     kernel = _kernel(ins, model)
     if kernel is not None:
-        out = on_kernel.run(kernel, a_bits, b_bits, ins, model, plan, scales)
+        out = on_kernel.run(kernel, a_bits, b_bits, ins, model, plan, scales, kscales)
         if out is not None:
             return out
-    return xla.run(a_bits, b_bits, ins, model, plan, cfg.arch, key, scales)
+    return xla.run(a_bits, b_bits, ins, model, plan, cfg.arch, key, scales, kscales)
+
+
+def _k_scales(plan, K: int, scales, cfg: GemmConfig):
+    """(order, each chain's block, A's scale bits (M, blocks + 1), B's (blocks + 1, N)): the last
+    block's scales are 1.0, for chains that read no element."""
+    if plan.group == 0:
+        raise ValueError("block scales along K (Epilogue.scale_block) need a K schedule with promotion: "
+                         "k_order='promotion' or schedule=KSchedule(promotion=...)")
+    blocks = chain_blocks(plan, K, cfg.epilogue.scale_block, "Epilogue.scale_block")
+    one = jnp.uint32(0x3F800000)
+    sa = jnp.concatenate([scales[0], jnp.full((scales[0].shape[0], 1), one)], axis=1)
+    sb = jnp.concatenate([scales[1], jnp.full((1, scales[1].shape[1]), one)], axis=0)
+    return cfg.epilogue.scales, blocks, sa, sb
 
 
 def out_format(cfg: GemmConfig, K: int) -> fm.FloatFormat:

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from tcemu._src import formats as fm
 from tcemu._src.gemm.plan import chain_layout, lay_k, scale_unit
-from tcemu._src.gemm.reduce import JAX, combine_chains
+from tcemu._src.gemm.reduce import JAX, block_scaled, combine_chains
 from tcemu._src.quant.elements import f32_bits
 
 # all chains of a GEMM at once up to this many bytes of chain results; beyond, one at a time
@@ -48,10 +48,11 @@ def _scales(kernel, scales, ins, model, plan):
     return a_exp, b_exp, sa, sb, nan, unit
 
 
-def run(kernel, a_bits, b_bits, ins, model, plan, scales):
+def run(kernel, a_bits, b_bits, ins, model, plan, scales, kscales=None):
     """(D bits (M, N), format of D) of the plan on ``kernel``, or None where the kernel cannot
     hold this GEMM (K * M or K * N beyond its offsets; many pairwise-reduced slices whose
-    chains it would hold at once)."""
+    chains it would hold at once). ``kscales``: block scales along K (``execute._k_scales``),
+    applied as the chains are promoted."""
     afmt, bfmt, k = fm.FORMATS[ins.atype], fm.FORMATS[ins.btype], ins.k
     A = _grouped(lay_k(jnp.asarray(a_bits), plan, 1), plan, k, 1)
     B = _grouped(lay_k(jnp.asarray(b_bits), plan, 0), plan, k, 0)
@@ -81,14 +82,19 @@ def run(kernel, a_bits, b_bits, ins, model, plan, scales):
         return None
     zero = jnp.zeros((M, N), jnp.uint32)
     to_f32 = lambda x: f32_bits(x, acc)  # noqa: E731
+    scaled = None
+    if kscales is not None:
+        order, blocks, ka, kb = kscales
+        scaled = block_scaled(order, blocks, lambda i: jax.lax.dynamic_index_in_dim(ka, i, axis=1),
+                              lambda i: jax.lax.dynamic_index_in_dim(kb, i, axis=0))
     if S * G * M * N * 4 > CHAIN_BYTES and plan.reduces:  # one chain at a time, memory O(M N)
         if S > 1 and plan.schedule.reduction != "sequential":
             return None
         lens_j = jnp.asarray(lens)
-        out = combine_chains(lambda c: chains(c, 1, lens_j[c][None])[0], plan, zero, JAX, to_f32)
+        out = combine_chains(lambda c: chains(c, 1, lens_j[c][None])[0], plan, zero, JAX, to_f32, scaled)
     else:
         ch = chains(0, S * G, lens)
-        out = combine_chains(lambda c: ch[c], plan, zero, JAX, to_f32)
+        out = combine_chains(lambda c: ch[c], plan, zero, JAX, to_f32, scaled)
     if nan is not None:
         out = jnp.where(nan, jnp.uint32(fm.F32.canonical_nan), out)
     return out, fm.F32 if plan.reduces else acc

@@ -82,3 +82,22 @@ def scale_unit(plan, k: int, block: int, group: int | None) -> int:
     whole = (k % block == 0 and (block % group == 0 or group % block == 0)
              and all(b % block == 0 and (a < 0 or a % block == 0) for a, b in plan.runs()))
     return block if whole else 1
+
+
+def chain_blocks(plan, K: int, block: int, where: str) -> np.ndarray:
+    """(S * G,) the scale block (of ``block`` elements of K) each chain of the plan reads, for
+    block scales along K; a chain with no element gets the index ``ceil(K / block)``, a block of
+    unit scales. Raises unless every chain stays inside one block."""
+    idx = chain_index(plan)
+    n_blocks = -(-K // block)
+    out = np.full(idx.shape[0], n_blocks, np.int32)
+    for c, row in enumerate(idx):
+        b = row[row >= 0] // block
+        if b.size and b.min() != b.max():
+            raise ValueError(f"{where}: chain {c} of this K schedule reads K elements {int(row[row >= 0].min())}.."
+                             f"{int(row[row >= 0].max())}, across block scales of {block}; block scales along K need "
+                             "promotion groups inside the blocks (promotion dividing the block, k-tiles and slices "
+                             "starting at multiples of it)")
+        if b.size:
+            out[c] = b[0]
+    return out

@@ -1,6 +1,7 @@
-"""How a GEMM's partial results combine: promotion groups added into float32 from +0, and the
-split-K slices' partials reduced as the schedule says (in order, pairwise, XLA's shuffle tree,
-or a Triton reduction over threads and warps).
+"""How a GEMM's partial results combine: promotion groups added into float32 from +0 (with block
+scales along K: each group by one FFMA with its scales), and the split-K slices' partials reduced
+as the schedule says (in order, pairwise, XLA's shuffle tree, or a Triton reduction over threads
+and warps).
 
 Stated once, over an :class:`Arith` (float32 addition, rounding to a partials type, a loop): the
 GEMM runs it on bit patterns with the engine's additions in JAX (:data:`JAX`), ``identify``'s
@@ -27,7 +28,7 @@ import numpy as np
 
 from tcemu._src import formats as fm
 from tcemu._src.gemm.schedule import SHUFFLE_LANES, KSchedule
-from tcemu._src.numerics import engine
+from tcemu._src.numerics import engine, fp32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,18 +66,19 @@ NUMPY = Arith(np.add, lambda x, etype: x.astype(_NUMPY_TYPES[etype]).astype(np.f
               lambda f, n: np.stack([f(i) for i in range(n)]), np)
 
 
-def combine_chains(chain, plan, zero, ar: Arith, to_f32=lambda x: x):
+def combine_chains(chain, plan, zero, ar: Arith, to_f32=lambda x: x, scaled=None):
     """D from the accumulators ``chain(c)`` of the plan's chains (c = slice * G + group, G chains
     per slice; ``to_f32`` widens an accumulator to float32): each slice's promotion groups added
-    into float32 from +0, then the slices' stored partials reduced as the schedule says. A
-    sequential reduction holds one partial at a time."""
+    into float32 from +0 (``scaled``: see :func:`promote`), then the slices' stored partials
+    reduced as the schedule says. A sequential reduction holds one partial at a time."""
     sched, S = plan.schedule, plan.slices
     G = -(-plan.steps // (plan.group or plan.steps))
 
     def one_slice(s):
         if not plan.group:
             return chain(s * G)
-        return promote(lambda j: to_f32(chain(s * G + j)), G, zero, ar)
+        step = None if scaled is None else (lambda j, x, t: scaled(s * G + j, x, t))
+        return promote(lambda j: to_f32(chain(s * G + j)), G, zero, ar, step)
 
     if S == 1:
         return one_slice(0)
@@ -90,9 +92,30 @@ def combine_chains(chain, plan, zero, ar: Arith, to_f32=lambda x: x):
     return reduce_parts(ar.map(partial, S), sched, ar)
 
 
-def promote(chain, groups: int, zero, ar: Arith):
-    """Promotion: the float32 results ``chain(j)`` of ``groups`` chains added in order onto +0."""
-    return ar.loop(0, groups, lambda j, t: ar.add(t, chain(j)), zero)
+def promote(chain, groups: int, zero, ar: Arith, scaled=None):
+    """Promotion: the float32 results ``chain(j)`` of ``groups`` chains added in order onto +0;
+    with ``scaled(j, x, t)`` (block scales along K, :func:`block_scaled`) each result ``x`` enters
+    the total ``t`` as that function says."""
+    if scaled is None:
+        return ar.loop(0, groups, lambda j, t: ar.add(t, chain(j)), zero)
+    return ar.loop(0, groups, lambda j, t: scaled(j, chain(j), t), zero)
+
+
+def block_scaled(order: str, blocks, scale_a, scale_b):
+    """The promotion step of block scales along K, ``(c, x, t) -> t'`` for chain ``c`` with the
+    float32 result ``x`` (bits) and total ``t``: one FFMA, ``fma(x, sa * sb, t)`` (``order``
+    "product") or ``fma(x * sa, sb, t)`` ("sequential"), each step rounded to nearest even.
+    ``blocks`` (chains,): the scale block of each chain (:func:`~tcemu._src.gemm.plan.chain_blocks`);
+    ``scale_a(b)``, ``scale_b(b)``: the float32 scale bits of block ``b`` broadcasting against ``x``."""
+    blocks = jnp.asarray(blocks)
+
+    def step(c, x, t):
+        b = blocks[c]
+        sa, sb = scale_a(b), scale_b(b)
+        if order == "product":
+            return fp32.fma(x, fp32.mul(sa, sb), t)
+        return fp32.fma(fp32.mul(x, sa), sb, t)
+    return step
 
 
 def store_partial(x, sched: KSchedule, ar: Arith):

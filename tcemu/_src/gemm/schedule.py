@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import jax
 import numpy as np
 
 from tcemu._src.numerics.model import choice_field, int_field, replace_fields
@@ -28,8 +29,10 @@ REDUCTIONS = ("sequential", "pairwise", "shuffle")
 SHUFFLE_LANES = 32
 SLICE_PADS = ("end", "start")
 PARTIALS = ("f32", "f16", "bf16")
+MAX_SIZE = 2**31  # K, k and the schedule's sizes: JAX indexes with int32
 
 
+@jax.tree_util.register_static  # a static argument of jit / vmap, hashed into the cache key
 @dataclasses.dataclass(frozen=True)
 class KSchedule:
     """How a GEMM walks K (hashable; ``GemmConfig(schedule=...)``).
@@ -117,8 +120,13 @@ class KSchedule:
     def plan(self, K: int, k: int) -> "Plan":
         """The instructions of a GEMM of depth ``K`` with instructions of depth ``k``."""
         for name, v, lo in (("K", K, 0), ("k", k, 1)):
-            if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)) or v < lo:
-                raise ValueError(f"KSchedule.plan: {name} must be an integer >= {lo}, got {v!r}")
+            if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)) or not lo <= v < MAX_SIZE:
+                raise ValueError(f"KSchedule.plan: {name} must be an integer >= {lo} and below 2**31 (JAX indexes K "
+                                 f"with int32), got {v!r}")
+        for name in ("k_tile", "slice_align", "promotion"):
+            if getattr(self, name) >= MAX_SIZE:
+                raise ValueError(f"KSchedule.plan: {name}={getattr(self, name)} must be below 2**31 (JAX indexes K "
+                                 "with int32)")
         self.check(k)
         return _plan(self, int(K), int(k))
 
@@ -130,6 +138,9 @@ class KSchedule:
         >>> KSchedule(k_tile=64, residue="first").equivalent(KSchedule(), 1024, 16)
         True
         """
+        if not isinstance(other, KSchedule):
+            raise TypeError(f"KSchedule.equivalent: other must be a tcemu.KSchedule, got {other!r} "
+                            f"({type(other).__name__})")
         a, b = self.plan(K, k), other.plan(K, k)
         if a.index.shape != b.index.shape or not ((a.index == b.index).all() and (a.valid == b.valid).all()
                                                   and a.group == b.group):

@@ -21,8 +21,10 @@ import numpy as np
 
 from tcemu._src.arch import resolve
 from tcemu._src.gemm import GemmConfig, KSchedule
+from tcemu._src.gemm.config import instruction as parse_instruction
 from tcemu._src.gemm.schedule import REDUCTIONS
 from tcemu._src.identify.sample import INPUT_TYPES, OUTPUT_TYPES, Sample, epilogue_operands, epilogues_to_try
+from tcemu._src.isa.targets import check_arch
 from tcemu._src.library import LIBRARIES, cublas_family, slice_alignment
 
 _NUMPY = {"f16": np.float16, "bf16": ml_dtypes.bfloat16}
@@ -59,20 +61,32 @@ class NoMatch(ValueError):
 def instructions(arch: str, a: str, b: str) -> list[str]:
     """The instructions whose numerics a kernel on ``arch`` may use for inputs ``a`` x ``b``
     (the forms whose numerics differ: k16 and k8 HMMA; for fp8 wgmma, mma.sync, and the f16 HMMA
-    on inputs widened to f16 exactly, as XLA's Triton GEMMs with 16-element k-tiles run them)."""
+    on inputs widened to f16 exactly, as XLA's Triton GEMMs with 16-element k-tiles run them),
+    without those ``arch`` lacks (:func:`~tcemu._src.isa.targets.check_arch`) or has no numerics for.
+
+    >>> instructions("A100", "f16", "f16"), instructions("V100", "f16", "f16")
+    (['m16n8k16.f32.f16.f16.f32', 'm16n8k8.f32.f16.f16.f32'], [])
+    """
+    return _usable(arch, a, b)[0]
+
+
+def _usable(arch, a: str, b: str):
+    """(the instructions of :func:`instructions`, why each other one is left out)."""
     if a in ("f16", "bf16"):
         forms = [f"m16n8k16.f32.{a}.{b}.f32", f"m16n8k8.f32.{a}.{b}.f32"]
     else:
         forms = [f"wgmma.mma_async.sync.aligned.m64n8k32.f32.{a}.{b}", f"m16n8k32.f32.{a}.{b}.f32",
                  "m16n8k16.f32.f16.f16.f32"]
-    out = []
+    out, why = [], {}
     for f in forms:
         try:
+            check_arch(parse_instruction(f), arch)
             GemmConfig(arch=arch, instruction=f)
-        except ValueError:
+        except ValueError as e:
+            why[f] = str(e)
             continue
         out.append(f)
-    return out
+    return out, why
 
 
 def schedules(K: int, k: int, a: str, b: str, out: str, prefer: str | None = None):
@@ -156,8 +170,9 @@ def _prefer(library, K: int, N: int, at: str, bt: str):
     preference for torch._scaled_mm."""
     if library is None:
         return None
-    if library not in LIBRARIES:
-        raise ValueError(f"identify: library must be None or one of {', '.join(LIBRARIES)}, got {library!r}")
+    if not isinstance(library, str) or library not in LIBRARIES:
+        err = ValueError if isinstance(library, str) else TypeError
+        raise err(f"identify: library must be None or one of {', '.join(LIBRARIES)}, got {library!r}")
     if library in ("torch.mm", "torch.bmm") and at in ("f16", "bf16") and bt in ("f16", "bf16"):
         return cublas_family(K, N)
     return "xla" if library == "jnp.dot" else None
@@ -199,11 +214,11 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
     """
     a, b, d = np.asarray(a), np.asarray(b), np.asarray(d)
     at, bt, ot = _check(a, b, d, arch, rows, cols)
+    max_seconds = _seconds(max_seconds)
+    candidates = _candidates(candidates)
     K = a.shape[-1]
     prefer = _prefer(library, K, b.shape[-1], at, bt)
-    ins_list = [instruction] if instruction is not None else instructions(arch, at, bt)
-    if not ins_list:
-        raise ValueError(f"identify: no {at} x {bt} instruction on {arch}")
+    ins_list = _instructions(arch, at, bt, instruction)
     ops = epilogue_operands(d, dict(c=c, bias=bias, alpha=alpha, beta=beta, scale_a=scale_a, scale_b=scale_b))
     sample = Sample(a, b, d, rows, cols, ops)
     epis = epilogues_to_try(epilogues, c is not None, bias is not None, scale_a is not None and scale_b is not None)
@@ -246,20 +261,69 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
 
 def _check(a, b, d, arch, rows, cols):
     """identify's arguments checked; the input and output type names."""
+    resolve(arch)
     for name, x, table in (("a", a, INPUT_TYPES), ("b", b, INPUT_TYPES), ("d", d, OUTPUT_TYPES)):
         if x.dtype not in table:
             raise TypeError(f"identify: {name} must have dtype {', '.join(t.name for t in table)}, got {x.dtype}")
     if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
         raise ValueError(f"identify: needs a (..., M, K) and b (..., K, N), got {a.shape} and {b.shape}")
-    out_shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+    try:
+        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        raise ValueError(f"identify: the batch axes of a {a.shape} and b {b.shape} do not broadcast "
+                         f"({a.shape[:-2]} vs {b.shape[:-2]}): give one batch size, or 1 / none for one side") from None
+    out_shape = batch + (a.shape[-2], b.shape[-1])
     if d.shape != out_shape:
         raise ValueError(f"identify: d must have shape {out_shape} (a @ b), got {d.shape}")
-    resolve(arch)
     if a.shape[-1] == 0:
         raise ValueError("identify: K = 0 leaves nothing to identify")
+    if 0 in out_shape:
+        raise ValueError(f"identify: d of shape {out_shape} is empty: nothing to identify")
     for name, v in (("rows", rows), ("cols", cols)):
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
             raise ValueError(f"identify: {name} must be a positive integer, got {v!r}")
     return INPUT_TYPES[a.dtype], INPUT_TYPES[b.dtype], OUTPUT_TYPES[d.dtype]
 
 
+def _seconds(v) -> float:
+    """``max_seconds`` checked: a number >= 0."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise TypeError(f"identify: max_seconds must be a number of seconds (int or float), got {v!r}")
+    if not v >= 0:
+        raise ValueError(f"identify: max_seconds must be >= 0, got {v!r}")
+    return float(v)
+
+
+def _candidates(candidates):
+    """``candidates`` checked: None or a non-empty list of KSchedules."""
+    if candidates is None:
+        return None
+    what = "identify: candidates must be None or a non-empty list of tcemu.KSchedule"
+    if isinstance(candidates, (str, bytes, KSchedule)) or not hasattr(candidates, "__iter__"):
+        raise TypeError(f"{what}, got {candidates!r}")
+    out = list(candidates)
+    bad = [c for c in out if not isinstance(c, KSchedule)]
+    if bad:
+        raise TypeError(f"{what}, got {bad[0]!r} ({type(bad[0]).__name__}) in it")
+    if not out:
+        raise ValueError(f"{what}, got an empty one")
+    return out
+
+
+def _instructions(arch, at: str, bt: str, given) -> list[str]:
+    """The instructions identify tries: ``given`` (checked against ``arch``), or those of
+    :func:`instructions`; a ValueError naming what ``arch`` lacks when none is left."""
+    if given is not None:
+        if not isinstance(given, str):
+            raise TypeError(f"identify: instruction must be None or a PTX spelling or mma.sync short form such as "
+                            f"'m16n8k16.f32.bf16.bf16.f32' (str), got {given!r}")
+        try:
+            GemmConfig(arch=arch, instruction=given)
+        except ValueError as e:
+            raise ValueError(f"identify: instruction={given!r} on {arch}: {e}") from None
+        return [given]
+    found, why = _usable(arch, at, bt)
+    if not found:
+        raise ValueError(f"identify: {resolve(arch)} has none of the instructions for {at} x {bt} inputs that "
+                         f"identify tries: " + "; ".join(why.values()))
+    return found

@@ -116,6 +116,9 @@ def epilogues_to_try(epilogues, has_c: bool, has_bias: bool, two_scales: bool):
     epilogues = list(epilogues)
     if not epilogues or not all(isinstance(e, Epilogue) for e in epilogues):
         raise TypeError(f"identify: epilogues must be a non-empty list of tcemu.Epilogue, got {epilogues!r}")
+    if any(e.scale_block for e in epilogues):
+        raise ValueError("identify: block scales along K (Epilogue.scale_block) are not searched; "
+                         "library_config('torch._scaled_mm', scaling=...) gives cuBLASLt's measured configuration")
     return epilogues
 
 

@@ -28,6 +28,7 @@ from tcemu._src.isa.fragments import (
 from tcemu._src.isa.instructions import WmmaLoad, WmmaStore
 from tcemu._src.isa.mma_regs import MmaBlockScaleRegs, MmaRegs
 from tcemu._src.isa.registers import Instruction, check_regs, register_indices
+from tcemu._src.isa.targets import check_arch
 
 # the fragments and the register-level MMAs are re-exported: importers take them from isa.wmma
 __all__ = ["Instruction", "MmaBlockScaleRegs", "MmaRegs", "WmmaLoad_", "WmmaStore_", "check_regs",
@@ -40,9 +41,7 @@ class _WmmaMemoryOp(Instruction):
 
     def __init__(self, ins, arch):
         super().__init__(ins, arch)
-        for t, need in ((ins.etype, S.MIN_SM_FOR_TYPE[ins.etype]), (ins.shape, S.MIN_SM_FOR_SHAPE.get(ins.shape, 70))):
-            if arch.sm < need:
-                raise ValueError(f"{ins.spelling!r}: .{t} wmma requires sm_{need} or newer, not {arch}")
+        check_arch(ins, arch)
         self.fragment = wmma_fragment(arch, ins.shape, ins.matrix, ins.etype, ins.layout)
         self.bits = ELEMENT_BITS[ins.etype]
         self.default_stride = S.default_stride(ins.shape, ins.matrix, ins.layout)

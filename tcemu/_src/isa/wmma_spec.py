@@ -68,7 +68,8 @@ MIN_SM_FOR_TYPE: dict[str, int] = {
     "f16": 70, "f32": 70, "s8": 72, "u8": 72, "s32": 72, "s4": 75, "u4": 75, "b1": 75,
     "bf16": 80, "tf32": 80, "f64": 80,
 }
-MIN_SM_FOR_SHAPE: dict[str, int] = {"m16n16k8": 80, "m8n8k4": 80}
+# the shapes of sub-byte / single-bit wmma (s32 C of them too) and of tf32 / f64 wmma
+MIN_SM_FOR_SHAPE: dict[str, int] = {"m8n8k32": 75, "m8n8k128": 75, "m16n16k8": 80, "m8n8k4": 80}
 
 
 def matrix_dims(shape: str, matrix: str) -> tuple[int, int]:

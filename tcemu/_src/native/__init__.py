@@ -14,15 +14,16 @@ compiler tcemu runs the pure-JAX path: same bits, slower.
 
 On NVIDIA GPUs, ``blockfma_gpu.cu`` holds the same two custom calls for XLA's CUDA backend (a
 thread per 4 x 2 outputs, blocks of threads sharing operand tiles in shared memory, same bits): it
-is compiled on first use with ``nvcc`` (``$TCEMU_NVCC``, ``$CUDA_HOME/bin/nvcc``, ``nvcc`` on the
-``PATH`` or ``/usr/local/cuda/bin/nvcc``) for the GPU's compute capability, and used by
+is compiled on first use with ``nvcc`` (``$TCEMU_NVCC``, ``$CUDA_HOME/bin/nvcc``,
+``$CUDA_PATH/bin/nvcc``, ``nvcc`` on the ``PATH``, the pip wheels' ``nvidia/*/bin/nvcc``, or
+``/usr/local/cuda/bin/nvcc``: :mod:`.toolchain`) for every GPU's compute capability, and used by
 :func:`tcemu.matmul` on the GPU backend for blocks of at most 32 products (64 for grouped fp4);
 without ``nvcc`` GEMMs run the pure-JAX path there.
 
 Both register with :mod:`tcemu._src.numerics.backends` when this module is imported (the face,
 ``tcemu/__init__.py``, does), which picks them for the models :func:`supports` or
 :func:`supports_grouped` cover; building and loading is :mod:`.build`. ``TCEMU_NATIVE=0`` turns
-the kernels off; ``TCEMU_NATIVE=1`` makes a failed build an error.
+the kernels off; ``TCEMU_NATIVE=1`` makes a failed build an error (read once per process).
 
 Example::
 

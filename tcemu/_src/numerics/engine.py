@@ -22,6 +22,7 @@ Example (one fp16 dot product of length 4 with an fp32 addend, V100 numerics)::
 """
 from __future__ import annotations
 
+import functools
 import os
 from typing import NamedTuple
 
@@ -109,13 +110,15 @@ class Prepared(NamedTuple):
     fb: jnp.ndarray | None
 
 
+@functools.cache
 def alignment_path() -> str:
     """How fp16/fp8 products are aligned when both ways are exact: "float" (float32 scaling and a
     truncating conversion; the default, measured faster on CPU and H200) or "int" (integer
-    shifts, as for bf16/tf32). ``TCEMU_ALIGN=int|float`` selects; both give the same bits."""
-    env = os.environ.get("TCEMU_ALIGN", "float")
+    shifts, as for bf16/tf32). ``TCEMU_ALIGN=int|float`` selects, read once per process at first
+    use (``alignment_path.cache_clear()`` reads it again); both give the same bits."""
+    env = os.environ.get("TCEMU_ALIGN") or "float"
     if env not in ("int", "float"):
-        raise ValueError(f"TCEMU_ALIGN={env!r}; valid: int, float")
+        raise ValueError(f"TCEMU_ALIGN={env!r}; valid: int, float (the default)")
     return env
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from tcemu._src.numerics.rounding import word_shifts
+from tcemu._src.numerics.words import Words
 
 _U = jnp.uint64
 MASK32 = 0xFFFFFFFF
@@ -32,66 +32,11 @@ def require_x64(what: str = "f64 MMAs"):
                          "first (the fp16/bf16/tf32/fp8/integer paths do not need it)")
 
 
-_shl, _shr = word_shifts(_U)
+W = Words(_U)
 
 
 def _clz64(x):
     return jax.lax.clz(x).astype(jnp.int32)
-
-
-def _shift3(w, s):
-    """Shift the 192-bit value w = (w2, w1, w0) left by s (s < 0: right); returns (words, sticky)."""
-    w2, w1, w0 = w
-
-    def word(i, k):  # bits of the source word i moved by k = s - 64*(j - i) into destination
-        return jnp.where(k >= 0, _shl(w[2 - i], k), _shr(w[2 - i], -k))
-
-    out = []
-    for j in range(3):  # destination word index (0 = least significant)
-        acc = jnp.zeros_like(w0)
-        for i in range(3):  # source word index
-            k = s + 64 * (i - j)
-            acc = acc | jnp.where((k > -64) & (k < 64), word(i, k), _U(0))
-        out.append(acc)
-    # sticky: any source bit that lands below bit 0
-    sticky = jnp.zeros(w0.shape, bool)
-    for i in range(3):
-        lost_bits = -(s + 64 * i)  # number of low bits of source word i that fall below bit 0
-        mask = jnp.where(lost_bits >= 64, _U(2 ** 64 - 1),
-                         jnp.where(lost_bits <= 0, _U(0), _shl(_U(1), lost_bits) - _U(1)))
-        sticky = sticky | ((w[2 - i] & mask) != 0)
-    return (out[2], out[1], out[0]), sticky
-
-
-def _add3(x, y):
-    x2, x1, x0 = x
-    y2, y1, y0 = y
-    s0 = x0 + y0
-    c0 = (s0 < x0).astype(_U)
-    s1 = x1 + y1
-    c1 = (s1 < x1).astype(_U)
-    s1b = s1 + c0
-    c1 = c1 + (s1b < s1).astype(_U)
-    return x2 + y2 + c1, s1b, s0
-
-
-def _sub3(x, y):
-    """x - y for x >= y."""
-    x2, x1, x0 = x
-    y2, y1, y0 = y
-    d0 = x0 - y0
-    b0 = (x0 < y0).astype(_U)
-    d1 = x1 - y1
-    b1 = (x1 < y1).astype(_U)
-    d1b = d1 - b0
-    b1 = b1 + (d1 < b0).astype(_U)
-    return x2 - y2 - b1, d1b, d0
-
-
-def _ge3(x, y):
-    x2, x1, x0 = x
-    y2, y1, y0 = y
-    return (x2 > y2) | ((x2 == y2) & ((x1 > y1) | ((x1 == y1) & (x0 >= y0))))
 
 
 def _decode(bits):
@@ -124,8 +69,8 @@ def _round(R, L, sign, sticky, mode):
     pos = jnp.where(r2 != 0, 191 - _clz64(r2), jnp.where(r1 != 0, 127 - _clz64(r1), 63 - _clz64(r0)))
     x = jnp.maximum(L + pos, -1022)
     sh = x - 52 - L  # bit index (in R) of the result's least significant bit
-    n = _shift3(R, -sh)[0][2]
-    rbit_w, below = _shift3(R, -(sh - 1))  # round bit at bit 0; below: any lower bit set
+    n = W.shift(R, -sh)[0][2]
+    rbit_w, below = W.shift(R, -(sh - 1))  # round bit at bit 0; below: any lower bit set
     rbit = (rbit_w[2] & _U(1)) != 0
     st = below | sticky
     neg = sign != 0
@@ -164,23 +109,14 @@ def _fma(a, b, c, mode, nan_order="bca", default_nan=0xFFF8000000000000):
     low = jnp.where(pz, ecl, jnp.where(cz, ep, jnp.minimum(ep, ecl)))
     L = jnp.maximum(low, top - 190)
     zero = jnp.zeros_like(p0)
-    P, stp = _shift3((zero, p1, p0), ep - L)
-    C, stc = _shift3((zero, zero, mc), ecl - L)
+    P, stp = W.shift((zero, p1, p0), ep - L)
+    C, stc = W.shift((zero, zero, mc), ecl - L)
     P = tuple(jnp.where(pz, _U(0), x) for x in P)
     C = tuple(jnp.where(cz, _U(0), x) for x in C)
     stp = stp & ~pz
     stc = stc & ~cz
     same = sp == sc
-    p_ge = _ge3(P, C)
-    big = tuple(jnp.where(p_ge, x, y) for x, y in zip(P, C))
-    small = tuple(jnp.where(p_ge, y, x) for x, y in zip(P, C))
-    sticky = stp | stc  # at most the smaller operand has a sticky part
-    s_add = _add3(big, small)
-    s_sub = _sub3(big, small)
-    # subtracting a value with a sticky tail: big - (small + eps) = (big - small - 1) + (1 - eps)
-    one = (zero, zero, jnp.ones_like(p0))
-    s_sub = tuple(jnp.where(sticky, x, y) for x, y in zip(_sub3(s_sub, one), s_sub))
-    R = tuple(jnp.where(same, x, y) for x, y in zip(s_add, s_sub))
+    R, p_ge, sticky = W.signed_sum(P, stp, C, stc, same)
     sign = jnp.where(same, sp, jnp.where(p_ge, sp, sc))
     out, nz = _round(R, L, sign, sticky, mode)
     # exact zero: IEEE signs (x + -x is +0, or -0 when rounding down; -0 + -0 is -0)

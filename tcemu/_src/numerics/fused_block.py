@@ -8,6 +8,7 @@ correctly rounded CUDA-core addition (FADD) that joins partial sums.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from typing import NamedTuple
 
@@ -48,13 +49,15 @@ _T = -3
 _UNROLL = 32  # term axes up to this length may be reduced by explicit elementwise ops
 
 
+@functools.cache
 def unroll_terms() -> bool:
     """Reduce short term axes by unrolled elementwise ops (GPUs) rather than XLA reductions
-    (CPUs, where the unrolled form is several times slower); ``TCEMU_UNROLL=0|1`` overrides."""
+    (CPUs, where the unrolled form is several times slower); ``TCEMU_UNROLL=0|1`` overrides, read
+    once per process at first use (``unroll_terms.cache_clear()`` reads it again)."""
     env = os.environ.get("TCEMU_UNROLL")
-    if env is not None:
-        return env == "1"
-    return jax.default_backend() != "cpu"
+    if env not in (None, "", "0", "1"):
+        raise ValueError(f"TCEMU_UNROLL={env!r}; valid: 0 (XLA reductions), 1 (unrolled), unset (by backend)")
+    return env == "1" if env else jax.default_backend() != "cpu"
 
 
 def _treduce(x, op, axis: int = _T):

@@ -10,6 +10,7 @@ extended, b1 as 0/1); the result in the same encoding for ``.dtype``. ``ins`` is
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import jax
@@ -140,13 +141,17 @@ def _float_prepared(ins, m: BlockFMA, prep, c, key, min_scale_exp: int = 0):
         prep, fm.FORMATS[ins.atype], fm.FORMATS[ins.btype], c, cfmt, m, acc=acc, key=key, min_scale_exp=min_scale_exp))
 
 
+@functools.cache
 def chunk_terms() -> int:
     """Products per chunk of a batched call: small enough for the CPU caches, large for GPUs
-    (override with the environment variable ``TCEMU_CHUNK_TERMS``)."""
+    (override with the environment variable ``TCEMU_CHUNK_TERMS``, read once per process at first
+    use: ``chunk_terms.cache_clear()`` reads it again)."""
     env = os.environ.get("TCEMU_CHUNK_TERMS")
-    if env:
-        return int(env)
-    return 1 << 23 if jax.default_backend() == "cpu" else 1 << 29
+    if not env:
+        return 1 << 23 if jax.default_backend() == "cpu" else 1 << 29
+    if not env.strip().isdecimal() or int(env) < 1:
+        raise ValueError(f"TCEMU_CHUNK_TERMS={env!r}; valid: a positive integer (products per chunk), or unset")
+    return int(env)
 
 
 def mma_bits_batched(ins, a, b, c, model, *, arch="sm_90", key=None, scale_a=None, scale_b=None,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import numpy as np
 
 from tcemu._src.numerics.rounding import ROUNDING_MODES
@@ -27,6 +28,7 @@ MAX_GROUPED_FRACTION_BITS = 35  # with scale_group: the wide (two-word) sum of g
 MAX_EXPONENT = 512
 
 
+@jax.tree_util.register_static  # a static argument of jit / vmap, hashed into the cache key
 @dataclasses.dataclass(frozen=True)
 class BlockFMA:
     """A fused block-FMA (multi-term adder) model. All fields are static (hashable, jit-safe).

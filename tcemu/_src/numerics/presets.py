@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+
 from tcemu._src.arch import Arch, resolve
 from tcemu._src.numerics.model import BlockFMA
 
@@ -34,6 +36,7 @@ from tcemu._src.numerics.model import BlockFMA
 FP8_AS_F16_PAIRS = tuple(k for k in range(32) if k % 4 < 2) + tuple(k for k in range(32) if k % 4 >= 2)
 
 
+@jax.tree_util.register_static  # a static argument of jit / vmap, hashed into the cache key
 @dataclasses.dataclass(frozen=True)
 class ArchNumerics:
     """The numerics of one architecture, per input family and instruction kind.

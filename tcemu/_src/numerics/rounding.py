@@ -216,7 +216,8 @@ def _finish(sign, x, n, rbit, sticky, frac, nonzero, fmt: FloatFormat, mode, ove
         frac_field = jnp.where(normal, frac_field, _U(0))
     sbit = jnp.where(neg, _U(fmt.sign_bit >> fmt.shift), _U(0))
     body = sbit | (biased << p) | frac_field
-    too_big = (x > fmt.emax) & nonzero
+    # beyond the top exponent, or at it with a fraction above the largest finite one (e4m3's S.1111.111 is NaN)
+    too_big = ((x > fmt.emax) | ((x == fmt.emax) & normal & (frac_field > fmt.max_fraction))) & nonzero
     if overflow == "inf":
         big = (sbit | _U(((1 << fmt.exponent_bits) - 1) << p)) if fmt.has_inf else sbit | _U(
             (fmt.canonical_nan >> fmt.shift))

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from tcemu._src import formats as fm
 from tcemu._src.checks import real_array
 from tcemu._src.numerics import engine
+from tcemu._src.numerics.rounding import round_pack32
 from tcemu._src.checks import check_key
 
 FORMATS = ("f16", "bf16", "tf32", "e4m3", "e5m2", "e3m2", "e2m3", "e2m1")
@@ -49,7 +50,7 @@ def quantize(x, etype: str, mode: str = "rne", key=None):
 def quantize_codes(x, etype: str, mode: str = "rne", key=None):
     """:func:`quantize`'s result as the element format's bit patterns (uint32; tf32 as float32
     patterns), from one conversion (arguments already checked)."""
-    x = jnp.asarray(x).astype(jnp.float32)
+    x = as_float32(x)
     fmt = fm.FORMATS[etype]
     if etype in MX:
         return _quantize_mx_element(x, fmt, mode, key)
@@ -64,6 +65,31 @@ def quantize_codes(x, etype: str, mode: str = "rne", key=None):
     if not fmt.has_inf:  # engine.convert maps infinities to S.1111.000 (256), e4m3's NaN is S.1111.111
         q = jnp.where(jnp.isinf(x), jnp.uint32(fmt.canonical_nan), q)
     return q
+
+
+def as_float32(x):
+    """``x`` (any real dtype) as float32, rounded once to nearest even. float64 (which exists only
+    with ``jax_enable_x64`` on) is narrowed in integers: XLA's CPU conversion flushes results
+    below 2**-126 to zero, where NumPy's (x64 off: on the host) keeps them.
+
+    >>> import jax, numpy as np
+    >>> with jax.enable_x64(True):
+    ...     print(as_float32(np.float64(2.0**-140)) == np.float32(2.0**-140))
+    True
+    """
+    x = jnp.asarray(x)
+    if x.dtype != jnp.float64:
+        return x.astype(jnp.float32)
+    b = jax.lax.bitcast_convert_type(x, jnp.uint64)
+    sign = (b >> 63).astype(jnp.int32)
+    efield = ((b >> 52) & 0x7FF).astype(jnp.int32)
+    frac = b & jnp.uint64((1 << 52) - 1)
+    sig = jnp.where(efield != 0, frac | jnp.uint64(1 << 52), frac)
+    # the top 30 of the 53 significand bits, the rest folded into a sticky bit (below the round bit)
+    m = (sig >> 23).astype(jnp.uint32) | ((sig & jnp.uint64((1 << 23) - 1)) != 0).astype(jnp.uint32)
+    out = round_pack32(sign, m, jnp.maximum(efield, 1) - 1023 - 29, fm.F32, "rne", overflow="ieee")
+    special = jnp.where(frac != 0, jnp.uint32(0x7FC00000), fm.F32.inf_bits(sign))
+    return jax.lax.bitcast_convert_type(jnp.where(efield == 0x7FF, special, out), jnp.float32)
 
 
 def code_values(codes, etype: str):
