@@ -411,3 +411,27 @@ def test_no_64_bit_values_in_numerics(env):
                 if found:
                     wide[(sp, model is not None)] = sorted(set(found))
     assert not wide, wide
+
+
+def test_gradients_with_float64_inputs():
+    """With x64 on, float64 inputs are narrowed to float32 in integers (no flush) and the
+    gradients still flow: the same as from float32 inputs, for the plain, block-scaled (MX) and
+    K-block-scaled GEMMs, and forward mode."""
+    rng = np.random.default_rng(11)
+    a, b = rng.standard_normal((8, 256)), rng.standard_normal((256, 4))
+    fp8 = "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3"
+    mx = "mma.sync.aligned.m16n8k32.row.col.kind::mxf8f6f4.block_scale.scale_vec::1X.f32.e4m3.e4m3.f32.ue8m0"
+    cases = [(tcemu.GemmConfig(arch="H100"), {}), (tcemu.GemmConfig(arch="RTX5090", instruction=mx), {}),
+             (tcemu.GemmConfig(arch="H100", instruction=fp8, k_order="promotion", promotion_interval=128,
+                               epilogue=tcemu.Epilogue(scale_block=128)),
+              dict(scale_a=np.full((8, 2), 0.5), scale_b=np.full((2, 4), 2.0)))]
+    for cfg, kw in cases:
+        f = lambda a, b: tcemu.matmul(a, b, config=cfg, **kw).sum()  # noqa: E731
+        want = jax.grad(f, argnums=(0, 1))(a.astype(np.float32), b.astype(np.float32))
+        with jax.enable_x64(True):
+            got = jax.grad(f, argnums=(0, 1))(a, b)
+            tangent = jax.jvp(f, (a, b), (np.ones_like(a), np.zeros_like(b)))[1]
+        for g, w in zip(got, want):
+            assert np.abs(np.asarray(w)).max() > 0 and np.array_equal(np.asarray(g), np.asarray(w)), cfg.instruction
+        assert float(tangent) == float(jax.jvp(f, (a.astype(np.float32), b.astype(np.float32)),
+                                               (np.ones_like(a, np.float32), np.zeros_like(b, np.float32)))[1])

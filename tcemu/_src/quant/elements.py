@@ -80,6 +80,12 @@ def as_float32(x):
     x = jnp.asarray(x)
     if x.dtype != jnp.float64:
         return x.astype(jnp.float32)
+    return _narrow64(x)
+
+
+@jax.custom_jvp
+def _narrow64(x):
+    """float64 -> float32 in integers; differentiable as the cast (its derivative is 1)."""
     b = jax.lax.bitcast_convert_type(x, jnp.uint64)
     sign = (b >> 63).astype(jnp.int32)
     efield = ((b >> 52) & 0x7FF).astype(jnp.int32)
@@ -90,6 +96,11 @@ def as_float32(x):
     out = round_pack32(sign, m, jnp.maximum(efield, 1) - 1023 - 29, fm.F32, "rne", overflow="ieee")
     special = jnp.where(frac != 0, jnp.uint32(0x7FC00000), fm.F32.inf_bits(sign))
     return jax.lax.bitcast_convert_type(jnp.where(efield == 0x7FF, special, out), jnp.float32)
+
+
+@_narrow64.defjvp
+def _narrow64_jvp(primals, tangents):
+    return _narrow64(primals[0]), tangents[0].astype(jnp.float32)
 
 
 def code_values(codes, etype: str):
