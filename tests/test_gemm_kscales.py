@@ -213,3 +213,14 @@ def test_bad_block_scales():
     with pytest.raises(ValueError, match="not searched"):
         tcemu.identify(np.ones((32, 256), ml_dtypes.float8_e4m3fn), np.ones((256, 8), ml_dtypes.float8_e4m3fn),
                        np.ones((32, 8), np.float32), arch="H100", epilogues=[tcemu.Epilogue(scale_block=128)])
+
+
+def test_per_batch_scales_of_one_weight_matrix():
+    """b (K, N) shared by the batch, scale_b (batch, K/128, N) per batch entry: each entry is its
+    own GEMM with its own scales."""
+    rng = np.random.default_rng(8)
+    a, b = _int_fp8(rng, (2, 16, 256)), _int_fp8(rng, (256, 8))
+    sa, sb = _scales(rng, (16, 2)), _scales(rng, (2, 2, 8))
+    got = tcemu.matmul(a, b, scale_a=sa, scale_b=sb, config=_config("sequential"))
+    for i in range(2):
+        assert np.array_equal(np.asarray(got[i]), _model(a[i], b, sa, sb[i], "sequential"))

@@ -16,14 +16,13 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 
 from tcemu._src import formats as fm
 from tcemu._src import sharding
 from tcemu._src.gemm import kernel as on_kernel
 from tcemu._src.gemm import xla
 from tcemu._src.gemm.config import GemmConfig
-import jax.numpy as jnp
-
 from tcemu._src.gemm.plan import chain_blocks, check_block_aligned
 from tcemu._src.numerics.backends import kernel_for
 

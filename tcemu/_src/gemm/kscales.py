@@ -26,9 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from tcemu._src.checks import real_array
+from tcemu._src.gemm.autodiff import _codes_gemm
 from tcemu._src.gemm.config import GemmConfig
-from tcemu._src.gemm.epilogue import ste_out, to_float32
-from tcemu._src.gemm.execute import batched_gemm_bits
+from tcemu._src.gemm.epilogue import ste_out
 from tcemu._src.numerics import fp32
 from tcemu._src.quant.elements import as_float32, quantize, to_codes
 
@@ -62,10 +62,6 @@ def check_scales(where: str, cfg: GemmConfig, a_shape, b_shape, scale_a, scale_b
     return tuple(out)
 
 
-def _flat(x, batch):
-    return jnp.broadcast_to(x, batch + x.shape[-2:]).reshape((-1,) + x.shape[-2:])
-
-
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def matmul_kscaled(a, b, scale_a, scale_b, key, cfg: GemmConfig):
     """float32 accumulator of ``a @ b`` with block scales along K (checked operands, ``cfg`` with
@@ -82,17 +78,11 @@ def matmul_kscaled(a, b, scale_a, scale_b, key, cfg: GemmConfig):
     kb_ = -(-a.shape[-1] // blk)
     sa, sb = (jnp.broadcast_to(s, s.shape[:-2] + w) for s, w in ((sa, (a.shape[-2], kb_)), (sb, (kb_, b.shape[-1]))))
     A, B, SA, SB = to_codes(qa, ins.atype), to_codes(qb, ins.btype), fp32.bits(sa), fp32.bits(sb)
-    if B.ndim == 2 and SB.ndim == 2:  # one weight matrix: every batch row folds into M
-        lead = A.shape[:-1]
-        D, fmt = batched_gemm_bits(A.reshape(1, -1, A.shape[-1]), B[None], cfg, None if key is None else key[None],
-                                   (jnp.broadcast_to(SA, lead + SA.shape[-1:]).reshape(1, -1, SA.shape[-1]), SB[None]))
-        exact = to_float32(D[0], fmt).reshape(lead + (B.shape[1],))
-    else:
-        batch = tuple(np.broadcast_shapes(A.shape[:-2], B.shape[:-2], SA.shape[:-2], SB.shape[:-2]))
-        A, B, SA, SB = (_flat(x, batch) for x in (A, B, SA, SB))
-        keys = None if key is None else jax.random.split(key, A.shape[0])
-        D, fmt = batched_gemm_bits(A, B, cfg, keys, (SA, SB))
-        exact = to_float32(D, fmt).reshape(batch + D.shape[-2:])
+    if B.ndim == 2 and SB.ndim > 2:  # per-batch scales of one weight matrix: a batch of GEMMs
+        B = jnp.broadcast_to(B, SB.shape[:-2] + B.shape)
+    if B.ndim == 2:  # every batch row folds into M: one scale row per row
+        SA = jnp.broadcast_to(SA, A.shape[:-1] + SA.shape[-1:])
+    exact = _codes_gemm(A, B, cfg, key, (SA, SB))
     K = a.shape[-1]
     ea, eb = jnp.repeat(sa, blk, axis=-1)[..., :K], jnp.repeat(sb, blk, axis=-2)[..., :K, :]
     surrogate = jnp.matmul(ste_out(af, qa) * ea, ste_out(bf, qb) * eb, precision=jax.lax.Precision.HIGHEST,

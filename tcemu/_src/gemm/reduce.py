@@ -77,7 +77,7 @@ def combine_chains(chain, plan, zero, ar: Arith, to_f32=lambda x: x, scaled=None
     def one_slice(s):
         if not plan.group:
             return chain(s * G)
-        step = None if scaled is None else (lambda j, x, t: scaled(s * G + j, x, t))
+        step = None if scaled is None else (lambda j, x, total: scaled(s * G + j, x, total))
         return promote(lambda j: to_f32(chain(s * G + j)), G, zero, ar, step)
 
     if S == 1:

@@ -112,7 +112,7 @@ def _block(t: _Tiled, ins, model, plan, arch, key, blk, Ar, SAr, KAr=None, order
         if not plan.group:
             return chain(kts[0], runs[0])
         G = kts.shape[0]
-        step = None if scaled is None else (lambda j, x, t: scaled(s * G + j, x, t))
+        step = None if scaled is None else (lambda j, x, total: scaled(s * G + j, x, total))
         return promote(lambda j: f32_bits(chain(kts[j], runs[j]), acc), G, zero, JAX, step)
 
     tj, oj = jnp.asarray(tbl), jnp.asarray(ok)
