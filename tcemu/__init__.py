@@ -6,7 +6,8 @@ Numerics: ``tcemu.BlockFMA`` (the fused block-FMA model), ``tcemu.numerics(arch)
 GEMMs: ``tcemu.matmul``, ``tcemu.dot_general`` (a ``jax.lax.dot_general`` drop-in),
 ``tcemu.einsum``, configured by ``tcemu.GemmConfig`` (epilogues: ``tcemu.Epilogue``);
 ``tcemu.quantize`` and ``tcemu.block_quantize`` (MX and NVFP4) round their inputs; real
-libraries' configurations: ``tcemu.library_config``, ``tcemu.identify``. Whole models:
+libraries' configurations: ``tcemu.library_config``, ``tcemu.identify``, ``tcemu.record`` (cuBLAS's
+kernel choices on your GPU). Whole models:
 ``tcemu.emulate`` runs any JAX function with every GEMM emulated, configs assigned by
 ``tcemu.Policy`` to each ``tcemu.GemmOp``. Studies: ``tcemu.probe`` (feature tests of an MMA),
 ``tcemu.error_vs_k`` (accumulation error as dot products grow).
@@ -18,6 +19,7 @@ from tcemu._src.identify import NoMatch, identify
 from tcemu._src.emulate import GemmOp, Policy, emulate
 from tcemu._src.library import library_versions
 from tcemu._src.library_layers import library_config
+from tcemu._src.record import record
 from tcemu._src.arch import Arch
 from tcemu._src.quant.blocks import BlockQuantized, block_quantize
 from tcemu._src.quant.elements import quantize
@@ -31,4 +33,4 @@ __version__ = "0.1.0"
 
 __all__ = ["Arch", "ArchNumerics", "BlockFMA", "BlockQuantized", "Epilogue", "ErrorCurve", "GemmConfig", "GemmOp", "KSchedule", "NoMatch", "Policy", "ProbeResult", "block_quantize", "dot_general", "einsum",
            "emulate", "error_vs_k", "get_matrix", "identify", "library_config", "library_versions", "matmul", "memory", "mma", "numerics", "probe", "ptx", "put_matrix",
-           "quantize", "regfile"]
+           "quantize", "record", "regfile"]

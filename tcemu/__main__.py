@@ -317,6 +317,40 @@ def probe(args):
     return 1 if mismatches else 0
 
 
+def _shapes(text: str) -> list:
+    """An argparse type: comma-separated MxNxK shapes of positive integers."""
+    out = []
+    for part in text.split(","):
+        dims = part.strip().lower().split("x")
+        if len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
+            raise argparse.ArgumentTypeError(f"shapes are MxNxK with positive integers, comma-separated "
+                                             f"(e.g. 1000x3000x777,16x4096x4096); got {part!r}")
+        out.append(tuple(int(d) for d in dims))
+    return out
+
+
+def _gzpath(text: str) -> str:
+    """An argparse type: a writable path ending in .json.gz."""
+    if not text.endswith(".json.gz"):
+        raise argparse.ArgumentTypeError(f"{text!r} does not end in .json.gz")
+    why = _unwritable(text)
+    if why:
+        raise argparse.ArgumentTypeError(why)
+    return text
+
+
+def record(args) -> int:
+    """Record cuBLAS's choices on this GPU (``tcemu.record``)."""
+    from tcemu._src.record import record as run
+
+    try:
+        path = run(args.out, shapes=args.shapes, quick=args.quick)
+    except RuntimeError as e:  # no torch, no GPU: one line, as a bad argument
+        args.parser.exit(2, f"tcemu record: error: {e}\n")
+    print(f"wrote {path}: load it with tcemu.library_config(..., records={str(path)!r})")
+    return 0
+
+
 def main(argv=None):
     ap = _Parser(prog="tcemu", description="Bit-exact NVIDIA tensor-core emulation",
                  epilog="A bad argument: one line on stderr, exit status 2.")
@@ -343,10 +377,15 @@ def main(argv=None):
                                           "its A format is the one probed")
     pr.add_argument("--model", type=_model,
                     help='a BlockFMA to probe instead of the preset, e.g. "fraction_bits=24,block_size=16"')
+    rec = sub.add_parser("record", help="record the cuBLAS kernels PyTorch runs on this GPU, for library_config")
+    rec.add_argument("out", type=_gzpath, help="the record file to write (.json.gz)")
+    rec.add_argument("--shapes", type=_shapes,
+                     help="MxNxK shapes, comma-separated (default: the grid shipped for the H100, about a minute)")
+    rec.add_argument("--quick", action="store_true", help="a few shapes of the grid (a check that recording works)")
     args = ap.parse_args(argv)
     args.parser = sub.choices[args.cmd]
     try:
-        return {"demo": demo, "layout": layout, "probe": probe}[args.cmd](args)
+        return {"demo": demo, "layout": layout, "probe": probe, "record": record}[args.cmd](args)
     except BrokenPipeError:  # the reader went away (``| head``): stop quietly, as Python's docs advise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

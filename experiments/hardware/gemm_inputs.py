@@ -47,7 +47,22 @@ HELD_OUT_SHAPES = [
     (None, 200, 200, 20000), (None, 8, 8192, 2048), (None, 8192, 32, 2048), (None, 2048, 4096, 128),
     (None, 1024, 1024, 3000), (None, 160, 160, 12288), (4, 384, 384, 1536), (3, 640, 640, 2500),
 ]
-GRIDS = {"table": SHAPES, "held-out": HELD_OUT_SHAPES}
+# shapes chosen after the cuBLAS record rules (tcemu._src.library_records) were frozen, none of them
+# on the shipped record grid (tcemu._src.record.default_cases) or in an earlier capture: the
+# held-out check of library_config's records (experiments/hardware/README.md)
+FRESH_SHAPES = [
+    (None, 40, 4096, 4096), (None, 112, 1536, 5120), (None, 704, 896, 4992), (None, 1200, 2400, 800),
+    (None, 96, 7168, 2048), (None, 272, 272, 9216), (None, 2560, 2560, 1088), (None, 80, 80, 20480),
+    (None, 555, 777, 999), (None, 1234, 567, 890), (None, 64, 1000, 3333), (6, 320, 320, 3008),
+]
+# chosen after the records' rules for the layers (split-K off, epilogues) were frozen on the
+# captures above and the fresh ones: the held-out check of this session's final rules
+FRESH2_SHAPES = [
+    (None, 48, 5120, 3584), (None, 176, 704, 7040), (None, 640, 1792, 2816), (None, 1536, 3584, 576),
+    (None, 208, 208, 14336), (None, 3072, 768, 1216), (None, 24, 1024, 10240), (None, 777, 333, 2222),
+    (None, 100, 4000, 1001), (None, 2000, 1500, 755), (5, 256, 384, 2240),
+]
+GRIDS = {"table": SHAPES, "held-out": HELD_OUT_SHAPES, "fresh": FRESH_SHAPES, "fresh2": FRESH2_SHAPES}
 
 
 def cases(grid: str = "table"):

@@ -250,11 +250,19 @@ def check_common(arch, M, N, K, a, b, out, batch):
 
 def gemm_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, batch: int | None = None,
                 **flags) -> GemmConfig:
-    """:func:`tcemu.library_config` for the bare GEMMs (``lib`` one of :data:`LIBRARIES`).
+    """:func:`gemm_config_sourced`'s configuration.
 
     >>> gemm_config("torch.mm", arch="H100", M=4096, N=4096, K=4096, a="bf16", b="bf16", out="bf16").instruction
     'm16n8k16.f32.bf16.bf16.f32'
     """
+    return gemm_config_sourced(lib, arch=arch, M=M, N=N, K=K, a=a, b=b, out=out, batch=batch, **flags)[0]
+
+
+def gemm_config_sourced(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, batch: int | None = None,
+                        **flags) -> tuple[GemmConfig, str]:
+    """:func:`tcemu.library_config` for the bare GEMMs (``lib`` one of :data:`LIBRARIES`) from the
+    table and XLA's rules, with its source: "rule" (jnp.dot with the autotuner off), "recorded"
+    (a table row of this very shape) or "nearest"."""
     gpu, M, N, K, a, b, out = check_common(arch, M, N, K, a, b, out, batch)
     unknown = sorted(set(flags) - set(LIBRARIES[lib]))
     if unknown:
@@ -265,6 +273,9 @@ def gemm_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, batch
         if not isinstance(v, bool):
             raise TypeError(f"library_config: {f} must be True or False, got {v!r}")
     if lib == "jnp.dot" and not flags["xla_autotune"]:
-        return _xla_autotune_off(gpu, M, N, K, batch, a, b, out)
+        return _xla_autotune_off(gpu, M, N, K, batch, a, b, out), "rule"
     best = nearest_row(lib, arch=gpu, M=M, N=N, K=K, a=a, b=b, out=out, batch=batch, **flags)
-    return _kernel_form(best, config_of(best, gpu), K, N)
+    same = (best["M"], best["N"], best["K"], best["batch"] or None) == (M, N, K, batch or None)
+    # jnp.dot with the autotuner on: XLA's choice is per process, a measured shape is still a guess
+    source = "recorded" if same and lib != "jnp.dot" else "nearest"
+    return _kernel_form(best, config_of(best, gpu), K, N), source

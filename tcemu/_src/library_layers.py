@@ -30,7 +30,9 @@ each call launched, and ``tcemu.identify`` given the bias / C on every case):
 from __future__ import annotations
 
 from tcemu._src.gemm import Epilogue, GemmConfig, KSchedule
-from tcemu._src.library import LIBRARIES, check_common, cublas_family, distance, gemm_config, nearest_row
+from tcemu._src import library_records as R
+from tcemu._src.library import (LIBRARIES, check_common, cublas_family, distance, gemm_config, gemm_config_sourced,
+                                nearest_row)
 
 LAYERS = {"F.linear": ("bias", "allow_splitk"), "torch.matmul": ("allow_splitk",),
           "torch.addmm": ("c", "alpha", "beta", "allow_splitk"), "torch.baddbmm": ("alpha", "beta", "allow_splitk"),
@@ -69,7 +71,7 @@ def _torch_epilogue(lib: str, f: dict, K: int, N: int) -> Epilogue:
     return Epilogue()
 
 
-def _dense(gpu, M, N, K, batch, t, out, f) -> GemmConfig:
+def _dense(gpu, M, N, K, batch, t, out, f) -> tuple[GemmConfig, str]:
     """The jitted ``x @ W + b``. Autotuner off: ``jnp.dot``'s configuration (XLA's rules), the
     bias added after the rounding. Autotuner on: XLA picked cuBLASLt, with the bias fused into the
     call (added to the accumulator) and K unsplit, for the GEMMs of at least 2**33 multiply-adds
@@ -77,15 +79,16 @@ def _dense(gpu, M, N, K, batch, t, out, f) -> GemmConfig:
     kw = dict(arch=gpu, M=M, N=N, K=K, a=t, b=t, out=out, batch=batch, xla_autotune=f["xla_autotune"])
     if f["xla_autotune"] and (batch or 1) * M * N * K >= 2**33 and cublas_family(K, N) == "nvjet":
         cfg = GemmConfig(arch=gpu, instruction=f"m16n8k16.f32.{t}.{t}.f32", schedule=KSchedule())
-        return cfg.replace(epilogue=Epilogue(bias="accumulator"))
-    return gemm_config("jnp.dot", **kw).replace(epilogue=Epilogue(bias="output"))
+        return cfg.replace(epilogue=Epilogue(bias="accumulator")), "nearest"  # XLA's autotuner decides per process
+    cfg, source = gemm_config_sourced("jnp.dot", **kw)
+    return cfg.replace(epilogue=Epilogue(bias="output")), source
 
 
 # block scales along K (scale_a's recipe, scale_b's) -> the order of the scales in each promotion's FFMA
 BLOCK_SCALINGS = {"1x128,1x128": "sequential", "1x128,128x128": "product", "128x128,1x128": "product"}
 
 
-def _scaled_mm(kw: dict, flags: dict) -> GemmConfig:
+def _scaled_mm(kw: dict, flags: dict) -> tuple[GemmConfig, str]:
     """``torch._scaled_mm``: the table's schedule; the scales as cuBLASLt applies them (layer
     captures): per-tensor scales multiplied together first, ``acc * (scale_a * scale_b)``,
     row-wise scales (its outer-vector-scale kernels) in turn, ``(acc * scale_a) * scale_b``.
@@ -102,14 +105,15 @@ def _scaled_mm(kw: dict, flags: dict) -> GemmConfig:
     if scaling in BLOCK_SCALINGS and flags.get("use_fast_accum"):
         raise ValueError("library_config: block-scaled fp8 GEMMs promote every 128 elements of K; "
                          "use_fast_accum=True is not available with them")
-    cfg = gemm_config("torch._scaled_mm", **kw, **flags)
-    if scaling in BLOCK_SCALINGS:
-        return cfg.replace(schedule=KSchedule(promotion=128),
-                           epilogue=Epilogue(scale_block=128, scales=BLOCK_SCALINGS[scaling]))
-    return cfg.replace(epilogue=Epilogue(scales="product" if scaling == "tensor" else "sequential"))
+    cfg, source = gemm_config_sourced("torch._scaled_mm", **kw, **flags)
+    if scaling in BLOCK_SCALINGS:  # measured: every block-scaled case of the captures, no split-K
+        return (cfg.replace(schedule=KSchedule(promotion=128),
+                            epilogue=Epilogue(scale_block=128, scales=BLOCK_SCALINGS[scaling])), "rule")
+    return cfg.replace(epilogue=Epilogue(scales="product" if scaling == "tensor" else "sequential")), source
 
 
-def layer_config(lib: str, *, gpu: str, M: int, N: int, K: int, a: str, out: str, batch, flags: dict) -> GemmConfig:
+def layer_config(lib: str, *, gpu: str, M: int, N: int, K: int, a: str, out: str, batch, flags: dict
+                 ) -> tuple[GemmConfig, str]:
     """The configuration of one of :data:`LAYERS` (arguments already checked by
     :func:`tcemu.library_config`; ``a`` is the input type of both operands)."""
     if a not in ("f16", "bf16"):
@@ -120,17 +124,20 @@ def layer_config(lib: str, *, gpu: str, M: int, N: int, K: int, a: str, out: str
     if out != a:
         raise ValueError(f"library_config: {lib} returns its input type ({a}), got out={out!r}")
     cfg = _unsplit(gpu, K, N, a)
+    # split-K off: the rule measured at every shape with K and N multiples of 8; other shapes run
+    # a kernel of cuBLAS's heuristic (records)
+    source = "rule" if not f["allow_splitk"] and cublas_family(K, N) == "nvjet" else "nearest"
     if f["allow_splitk"]:  # torch.mm's (torch.bmm's) measured split where the table holds this shape
         mm = "torch.bmm" if lib == "torch.baddbmm" else "torch.mm"
         kw = dict(arch=gpu, M=M, N=N, K=K, a=a, b=a, out=out, batch=batch if mm == "torch.bmm" else None)
         row = nearest_row(mm, **kw, reduced_precision_reduction=True)
         if distance(row, M, N, K, kw["batch"]) == 0 and row["schedule"].get("slices", 1) > 1:
             cfg = gemm_config(mm, **kw, reduced_precision_reduction=True)
-    return cfg.replace(epilogue=_torch_epilogue(lib, f, K, N))
+    return cfg.replace(epilogue=_torch_epilogue(lib, f, K, N)), source
 
 
 def library_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, batch: int | None = None,
-                   **flags) -> GemmConfig:
+                   records=None, strict: bool = False, with_source: bool = False, **flags):
     """The :class:`GemmConfig` with which ``tcemu.matmul`` gives what ``lib`` returns on ``arch``.
 
     ``lib``: "torch.mm", "torch.bmm", "torch._scaled_mm" or "jnp.dot" (bare GEMMs), or a layer
@@ -155,6 +162,15 @@ def library_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, ba
     recipe and scale_b's, given to ``matmul`` as (M, K / 128) and (K / 128, N)). Pass the layer's bias / C / alpha / beta to
     :func:`tcemu.matmul` with the config returned: its ``epilogue`` says where they are added.
 
+    Where the answer comes from: ``records`` (default: the records shipped for ``arch``; a path:
+    a file of :func:`tcemu.record` made on the user's GPU, whose name must hold ``arch``; False:
+    none) holds cuBLAS's own choices for torch.mm, torch.bmm, torch._scaled_mm (per-tensor
+    scales) and F.linear (:mod:`~tcemu._src.library_records`). ``with_source=True`` returns
+    ``(config, source)``: "recorded" (cuBLAS's choice for this very case), "rule" (a documented
+    rule: XLA's own with its autotuner off, the layers' split-K-off rules, or records agreeing
+    around the shape) or "nearest" (the nearest measured shape's configuration: a guess);
+    ``strict=True`` raises ``ValueError`` instead of guessing.
+
     >>> import tcemu
     >>> cfg = tcemu.library_config("jnp.dot", arch="H100", M=128, N=128, K=8192, a="bf16", b="bf16",
     ...                            out="f32", xla_autotune=False)
@@ -166,13 +182,71 @@ def library_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, ba
     if not isinstance(lib, str):
         raise TypeError(f"library_config: lib must be one of {', '.join(list(LIBRARIES) + list(LAYERS))} (a string), "
                         f"got {lib!r} ({type(lib).__name__})")
-    if lib == "torch._scaled_mm":
-        return _scaled_mm(dict(arch=arch, M=M, N=N, K=K, a=a, b=b, out=out, batch=batch), flags)
-    if lib in LIBRARIES:
-        return gemm_config(lib, arch=arch, M=M, N=N, K=K, a=a, b=b, out=out, batch=batch, **flags)
-    if lib not in LAYERS:
+    for name, v in (("strict", strict), ("with_source", with_source)):
+        if not isinstance(v, bool):
+            raise TypeError(f"library_config: {name} must be True or False, got {v!r}")
+    cfg, source = _answer(lib, arch, M, N, K, a, b, out, batch, records, flags)
+    if strict and source not in ("recorded", "rule"):
+        raise ValueError(f"library_config: no record or rule answers {lib} on {arch} at {M}x{N}x{K} "
+                         f"({a} x {b} -> {out}, batch {batch}, flags {flags}); strict=True refuses the nearest "
+                         "measured shape's configuration (run tcemu.record on the GPU for this shape)")
+    return (cfg, source) if with_source else cfg
+
+
+def _recorded_epilogue(lib: str, f: dict, row: dict, epi: Epilogue) -> Epilogue:
+    """A torch layer's epilogue given the kernel cuBLAS recorded: ``torch.addmm`` with a full C
+    and alpha = beta = 1 copies C into D, and nvjet ``_badd_`` kernels add it to the rounded
+    product, other kernels before the rounding; a bias (F.linear) or C row (torch.addmm) meets a
+    split-K reduction in the output type (``OUTPUT_TYPE``) after its rounding (the dev captures'
+    one such shape, 64 x 1000 x 3333 bf16: both layers)."""
+    names = " ".join(row["kernels"])
+    if lib == "torch.addmm" and f["c"] == "matrix" and (f["alpha"], f["beta"]) == (1, 1):
+        return Epilogue(c="output" if "_badd_" in names else "accumulator")
+    if R.algo(row).get("reductionScheme") == "OUTPUT_TYPE":
+        if lib == "F.linear" and f["bias"]:
+            return Epilogue(bias="output")
+        if lib == "torch.addmm" and f["c"] == "row":
+            return Epilogue(c="output")
+    return epi
+
+
+def _answer(lib, arch, M, N, K, a, b, out, batch, records, flags):
+    """(config, source) of :func:`library_config`."""
+    if lib not in LIBRARIES and lib not in LAYERS:
         raise ValueError(f"library_config: lib must be one of {', '.join(list(LIBRARIES) + list(LAYERS))}, got {lib!r}")
     gpu, M, N, K, a, b, out = check_common(arch, M, N, K, a, b, out, batch)
+    path = R.records_path(records, arch, gpu)
+    if lib == "torch._scaled_mm":
+        cfg, source = _scaled_mm(dict(arch=arch, M=M, N=N, K=K, a=a, b=b, out=out, batch=batch), flags)
+        scaling = flags.get("scaling", "tensor")
+        if path and scaling in ("tensor", "row") and isinstance(flags.get("use_fast_accum", False), bool):
+            f = {"use_fast_accum": flags.get("use_fast_accum", False)} | ({"scaling": "row"} if scaling == "row" else {})
+            rec = R.answer(path, "torch._scaled_mm", gpu, M, N, K, a, b, out, batch, f, base=cfg)
+            if rec is not None:
+                return rec[0].replace(epilogue=cfg.epilogue), rec[1]
+        return cfg, source
+    if lib in LIBRARIES:
+        if path and lib in ("torch.mm", "torch.bmm") and set(flags) <= {"reduced_precision_reduction"}:
+            f = {"reduced_precision_reduction": flags.get("reduced_precision_reduction", True)}
+            if isinstance(f["reduced_precision_reduction"], bool):
+                rec = R.answer(path, lib, gpu, M, N, K, a, b, out, batch, f)
+                if rec is not None:
+                    return rec[:2]
+        return gemm_config_sourced(lib, arch=arch, M=M, N=N, K=K, a=a, b=b, out=out, batch=batch, **flags)
     if a != b:
         raise ValueError(f"library_config: {lib} takes a and b of one type, got {a} and {b}")
-    return layer_config(lib, gpu=gpu, M=M, N=N, K=K, a=a, out=out, batch=batch, flags=flags)
+    cfg, source = layer_config(lib, gpu=gpu, M=M, N=N, K=K, a=a, out=out, batch=batch, flags=flags)
+    if path and lib in ("F.linear", "torch.matmul", "torch.addmm") and a in ("f16", "bf16") and out == a and not batch:
+        f = _flags(lib, flags)
+        if lib == "F.linear":
+            rec = R.answer(path, lib, gpu, M, N, K, a, b, out, None, {"bias": f["bias"], "allow_splitk": f["allow_splitk"]})
+        elif lib == "torch.addmm":
+            rec = R.answer(path, lib, gpu, M, N, K, a, b, out, None,
+                           {k: (float(v) if k in ("alpha", "beta") else v) for k, v in f.items()})
+        else:  # torch.matmul of 2-D operands (3-D activations flattened) is torch.mm
+            mode = ({"reduced_precision_reduction": True} if f["allow_splitk"] else
+                    {"reduced_precision_reduction": False, "allow_splitk": False})
+            rec = R.answer(path, "torch.mm", gpu, M, N, K, a, b, out, None, mode)
+        if rec is not None:
+            return rec[0].replace(epilogue=_recorded_epilogue(lib, f, rec[2], cfg.epilogue)), rec[1]
+    return cfg, source

@@ -88,7 +88,7 @@ def run(kernel, a_bits, b_bits, ins, model, plan, scales, kscales=None):
         scaled = block_scaled(order, blocks, lambda i: jax.lax.dynamic_index_in_dim(ka, i, axis=1),
                               lambda i: jax.lax.dynamic_index_in_dim(kb, i, axis=0))
     if S * G * M * N * 4 > CHAIN_BYTES and plan.reduces:  # one chain at a time, memory O(M N)
-        if S > 1 and plan.schedule.reduction != "sequential":
+        if S > 1 and plan.schedule.reduction not in ("sequential", "serial"):
             return None
         lens_j = jnp.asarray(lens)
         out = combine_chains(lambda c: chains(c, 1, lens_j[c][None])[0], plan, zero, JAX, to_f32, scaled)

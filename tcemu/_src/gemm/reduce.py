@@ -89,6 +89,9 @@ def combine_chains(chain, plan, zero, ar: Arith, to_f32=lambda x: x, scaled=None
 
     if sched.reduction == "sequential":
         return ar.loop(1, S, lambda s, t: ar.add(t, partial(s)), partial(0))
+    if sched.reduction == "serial":  # the running total stored in the partials type after each slice
+        raw = lambda s: one_slice(s) if plan.group else to_f32(one_slice(s))  # noqa: E731
+        return ar.loop(1, S, lambda s, t: store_partial(ar.add(t, raw(s)), sched, ar), partial(0))
     return reduce_parts(ar.map(partial, S), sched, ar)
 
 
@@ -128,10 +131,20 @@ def fold(parts, ar: Arith):
     return ar.loop(1, parts.shape[0], lambda i, t: ar.add(t, parts[i]), parts[0])
 
 
+def reduce_raw(parts, sched: KSchedule, ar: Arith):
+    """The slices' float32 partials (S, ...) as they leave the slices, stored and combined as the
+    schedule says ("serial": the running total stored after each slice)."""
+    if sched.reduction == "serial":
+        return ar.loop(1, parts.shape[0], lambda i, t: store_partial(ar.add(t, parts[i]), sched, ar),
+                       store_partial(parts[0], sched, ar))
+    return reduce_parts(store_partial(parts, sched, ar), sched, ar)
+
+
 def reduce_parts(parts, sched: KSchedule, ar: Arith):
     """The slices' stored partials (S, ...) combined as ``sched.reduction`` says."""
     if sched.reduction == "sequential":
         return fold(parts, ar)
+
     if sched.reduction == "shuffle":
         return _shuffle(parts, ar)
     T = sched.reduce_threads

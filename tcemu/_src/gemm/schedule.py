@@ -25,7 +25,7 @@ import numpy as np
 from tcemu._src.numerics.model import choice_field, int_field, replace_fields
 
 RESIDUES = ("last", "first")
-REDUCTIONS = ("sequential", "pairwise", "shuffle")
+REDUCTIONS = ("sequential", "pairwise", "shuffle", "serial")
 SHUFFLE_LANES = 32
 SLICE_PADS = ("end", "start")
 PARTIALS = ("f32", "f16", "bf16")
@@ -55,7 +55,9 @@ class KSchedule:
         "pairwise" (adjacent pairs, then pairs of pairs: a Triton reduction, see
         ``reduce_threads``), or "shuffle" (XLA's GPU reduction emitter: 32 lanes, lane j adds
         partials j, j + 32, ... in order onto +0, then lane j adds lane j + h for h = 16, 8, 4,
-        2, 1, a warp shuffle-down tree).
+        2, 1, a warp shuffle-down tree), or "serial" (CUTLASS's serial split-K, cuBLASLt's
+        ``INPLACE`` scheme: slice s adds its float32 partial onto the running total, which is
+        stored in the ``partials`` type after every slice, t = round(round(p0) + p1) ...).
       reduce_threads, reduce_lanes: a Triton reduction spread over threads (pairwise only;
         powers of two, lanes dividing threads; 1 and 0: one thread): the partials, padded with
         +0 to a power of two, are dealt round-robin to T = ``reduce_threads`` threads (thread t
@@ -64,7 +66,8 @@ class KSchedule:
         1, then warp w adds warp w + h for h = T/(2L), ..., 1 (butterflies of the warps' shuffle
         and shared-memory steps).
       partials: type the slice partials are stored in before they are added ("f32", or "f16" /
-        "bf16": rounded to nearest even first, as cuBLAS's reduced-precision split-K does).
+        "bf16": rounded to nearest even first, as cuBLAS's reduced-precision split-K does;
+        "serial": the type of the running total).
 
     >>> import jax.numpy as jnp, tcemu
     >>> s = tcemu.KSchedule(k_tile=32, slices=4, reduction="pairwise")

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from tcemu._src import formats as fm
 from tcemu._src.gemm.plan import lay_k, step_table
-from tcemu._src.gemm.reduce import JAX, block_scaled, promote, reduce_parts, store_partial
+from tcemu._src.gemm.reduce import JAX, block_scaled, promote, reduce_raw
 from tcemu._src.numerics import engine
 from tcemu._src.numerics import mma as mma_numerics
 from tcemu._src.quant.elements import f32_bits
@@ -119,8 +119,7 @@ def _block(t: _Tiled, ins, model, plan, arch, key, blk, Ar, SAr, KAr=None, order
     if plan.slices == 1:
         return one_slice(tj[0], oj[0], 0)
     parts = jax.vmap(one_slice)(tj, oj, jnp.arange(plan.slices))
-    parts = store_partial(parts if plan.group else f32_bits(parts, acc), plan.schedule, JAX)
-    return reduce_parts(parts, plan.schedule, JAX)
+    return reduce_raw(parts if plan.group else f32_bits(parts, acc), plan.schedule, JAX)
 
 
 def run(a_bits, b_bits, ins, model, plan, arch, key, scales, kscales=None):

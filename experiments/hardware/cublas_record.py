@@ -1,0 +1,97 @@
+"""Record cuBLAS's algorithm choices on this GPU with ``tcemu.record`` (cuBLASLt's logger and
+the torch profiler), over the default grid and at the shapes of the committed torch captures.
+
+    python experiments/hardware/cublas_record.py --out OUTDIR [--quick] [--only grid|captures]
+    python experiments/hardware/cublas_record.py --merge tcemu/_src/data/cublas_records_h100.json.gz \
+        OUTDIR/cublas_records_h100.json.gz OUTDIR/cublas_records_h100_captures.json.gz \
+        tests/data/cublas_records_h100_fresh.json.gz
+
+Writes ``OUTDIR/cublas_records_<gpu>.json.gz`` (``tcemu._src.record.default_cases``: the grid
+shipped in ``tcemu/_src/data``) and ``OUTDIR/cublas_records_<gpu>_captures.json.gz`` (every
+lib of ``tcemu.record`` at each shape of ``tests/data/{library,layer}_gemm_*torch*.npz``, every
+type and flag: the records the captures' bits check). ``--merge``: the file shipped in
+``tcemu/_src/data``, the grid with the records at the captured shapes (those of the fresh
+capture included, ``python -m tcemu record ... --shapes``: see ``README.md``).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT))
+from library_gemm import gpu_name  # noqa: E402
+from tcemu._src import record as R  # noqa: E402
+
+
+def capture_cases() -> list[dict]:
+    """torch.mm, torch.bmm, F.linear and torch._scaled_mm cases at every shape of the committed
+    torch captures (F.linear's 3-D activations flattened to M rows, batched ones as torch.bmm)."""
+    shapes, batched = set(), set()
+    for path in sorted(glob.glob(str(ROOT / "tests/data/library_gemm_*torch*.npz"))
+                       + glob.glob(str(ROOT / "tests/data/layer_gemm_*torch*.npz"))):
+        with np.load(path) as z:
+            for c in json.loads(str(z["meta"]))["cases"]:
+                rows = c["M"]  # a 3-D activation (x3) is M rows flattened
+                if c.get("batch") and c["lib"] in ("torch.bmm", "torch.baddbmm"):
+                    batched.add((c["batch"], c["M"], c["N"], c["K"]))
+                else:
+                    shapes.add((rows, c["N"], c["K"]))
+    shapes = sorted(shapes)
+    out = []
+    for lib in ("torch.mm", "F.linear", "torch.addmm", "torch._scaled_mm"):
+        out += R.expand(lib, shapes)
+    for b, M, N, K in sorted(batched):
+        out += R.expand("torch.bmm", [(M, N, K)], (b,))
+    return out
+
+
+def merge(out: str, inputs: list[str]) -> None:
+    """One record file from several of one GPU (the first's header; later rows replace earlier
+    ones of the same case), each input's header kept under ``"parts"``."""
+    import gzip
+
+    headers, rows = [], {}
+    for path in inputs:
+        with gzip.open(path, "rt") as f:
+            data = json.load(f)
+        headers.append(dict(data["header"], file=Path(path).name))
+        for r in data["cases"]:
+            rows[json.dumps([r["lib"], r["batch"], r["M"], r["N"], r["K"], r["a"], r["b"], r["out"],
+                             sorted(r["flags"].items())])] = r
+    if len({h["gpu"] for h in headers}) != 1:
+        raise SystemExit(f"records of several GPUs: {sorted({h['gpu'] for h in headers})}")
+    with gzip.open(out, "wt") as f:
+        json.dump({"header": dict(headers[0], parts=headers), "cases": list(rows.values())}, f, separators=(",", ":"))
+    print(f"wrote {out}: {len(rows)} cases from {len(inputs)} files")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--merge", nargs="+", metavar=("OUT", "IN"), help="merge record files of one GPU into OUT")
+    p.add_argument("--out")
+    p.add_argument("--quick", action="store_true", help="a few shapes of the grid (plumbing check)")
+    p.add_argument("--only", choices=("grid", "captures"))
+    args = p.parse_args(argv)
+    if args.merge:
+        merge(args.merge[0], args.merge[1:])
+        return
+    if not args.out:
+        p.error("--out is required (or --merge)")
+    gpu = gpu_name()
+    if args.only != "grid":
+        cases = capture_cases()
+        R.record(Path(args.out) / f"cublas_records_{gpu}_captures.json.gz", cases=cases[:60] if args.quick else cases)
+    if args.only != "captures":
+        R.record(Path(args.out) / f"cublas_records_{gpu}.json.gz", quick=args.quick)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,246 @@
+"""cuBLAS's recorded kernel choices (``tcemu.record``) as GEMM configurations.
+
+A record row says which cuBLASLt algorithm PyTorch ran for one shape, types and flags, and which
+kernels that launched. Each kernel family has one K schedule (measured on the H100 captures,
+``experiments/hardware/README.md``), so the row gives the configuration:
+
+* nvjet kernels (Hopper ``wgmma``; k16 HMMA numerics for f16/bf16, the fp8 ``wgmma`` for fp8):
+  one chain in k-tiles (the kernel name's ``_<tile>_<k-tile>x<stages>_``: 64 for 16-bit inputs,
+  128 for fp8), residue last; with ``numSplitsK`` = S > 1 (``..._splitK_...`` +
+  ``splitKreduce_kernel``) S slices aligned to the k-tiles, float32 partials added in order.
+* CUTLASS 2 kernels (``cutlass_75_tensorop_*s1688*``: k8 numerics; ``cutlass_80_tensorop_*s16816*``
+  and ``*wmma*s161616*``: k16): the partial 64-wide k-tile first; split-K slices of
+  ``ceil(K / S)`` rounded up to 16 bytes, reduced by ``splitKreduce_kernel`` in float32
+  (``COMPUTE_TYPE``) or with the partials rounded to the output type (``OUTPUT_TYPE``); the
+  ``INPLACE`` scheme (serial split-K: each slice adds its partial onto the previous slices'
+  output, rounded to the output type each time) is :data:`SERIAL`.
+* ``sm90_xmma`` kernels (cuBLASLt's Hopper kernels for K or N off a multiple of 8, split-K
+  off): one chain of 64-wide k-tiles, residue last.
+* ``gemmSN`` kernels (M = 8 with K or N off a multiple of 8): float32 FMAs on the CUDA cores,
+  not the tensor core: not emulated (:class:`NotEmulated`).
+
+A shape the records do not hold is answered by the rule of :func:`lookup`.
+"""
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+import math
+import re
+from pathlib import Path
+
+from tcemu._src.gemm import GemmConfig, KSchedule
+from tcemu._src.library import slice_alignment
+
+DATA = Path(__file__).parent / "data"
+# the records shipped per GPU (the H200 is not among them: at split-K shapes its kernels differ
+# from the H100's, 21 of 188 torch captures; record it with tcemu.record)
+SHIPPED = {"H100": DATA / "cublas_records_h100.json.gz"}
+SOURCES = ("recorded", "rule", "nearest")
+SERIAL = "INPLACE"
+
+
+class NotEmulated(ValueError):
+    """cuBLAS runs a kernel here whose arithmetic tcemu does not emulate (CUDA-core FMAs)."""
+
+
+def family(kernels) -> str:
+    """"nvjet", "cutlass_k8", "cutlass_k16", "xmma", "simt" or "other" from the kernel names."""
+    names = " ".join(kernels)
+    if "nvjet" in names:
+        return "nvjet"
+    if "s1688" in names:
+        return "cutlass_k8"
+    if "s16816" in names or "wmma" in names:
+        return "cutlass_k16"
+    if "_xmma_gemm" in names:
+        return "xmma"
+    if "gemmSN" in names or "gemv" in names.lower():
+        return "simt"
+    return "other"
+
+
+def _nvjet_k_tile(kernels) -> int:
+    m = re.search(r"nvjet_sm\d+_\w+?_\d+x\d+_(\d+)x\d+_", " ".join(kernels))
+    return int(m.group(1)) if m else 64
+
+
+def algo(row: dict) -> dict:
+    """The algorithm of a record row's (last) cuBLASLt call."""
+    return row["calls"][-1]["algo"] if row.get("calls") else {}
+
+
+def row_schedule(row: dict) -> tuple[str, KSchedule]:
+    """(the instruction's k numerics "k8"/"k16"/"wgmma", the K schedule) of a record row."""
+    fam, al = family(row["kernels"]), algo(row)
+    S, scheme = int(al.get("numSplitsK", 1)), al.get("reductionScheme", "NONE")
+    if fam == "simt":
+        raise NotEmulated(f"library_config: cuBLAS runs {row['kernels'][0].split('<')[0]} (float32 FMAs on the CUDA "
+                          f"cores, not the tensor core) for {row['lib']} {row['M']}x{row['N']}x{row['K']}: not emulated")
+    if fam == "other":
+        raise NotEmulated(f"library_config: the recorded kernel {row['kernels'][:1]} is of no family tcemu knows")
+    if fam == "nvjet":
+        kt = _nvjet_k_tile(row["kernels"])
+        sched = KSchedule(k_tile=kt, slices=S) if S > 1 else KSchedule()
+        if S > 1 and scheme == SERIAL and row["out"] != "f32":
+            sched = sched.replace(reduction="serial", partials=row["out"])
+        return ("wgmma" if row["a"] in ("e4m3", "e5m2") else "k16"), sched
+    if fam == "xmma":
+        return "k16", KSchedule()
+    k = "k8" if fam == "cutlass_k8" else "k16"
+    if S == 1:
+        return k, KSchedule(k_tile=64, residue="first")
+    partials = row["out"] if scheme in ("OUTPUT_TYPE", SERIAL) and row["out"] != "f32" else "f32"
+    return k, KSchedule(k_tile=64, residue="first", slices=S, slice_align=slice_alignment(row["a"], row["b"]),
+                        partials=partials, reduction="serial" if scheme == SERIAL else "sequential")
+
+
+def row_config(row: dict, gpu: str, base: GemmConfig | None = None) -> GemmConfig:
+    """A record row's configuration; ``base`` (the fp8 ``_scaled_mm`` configuration: its
+    instruction and promotion) keeps its instruction and promotion."""
+    k, sched = row_schedule(row)
+    if row["a"] in ("e4m3", "e5m2"):
+        promo = base.schedule.promotion if base is not None else 0
+        return GemmConfig(arch=gpu, instruction=base.instruction if base is not None else
+                          f"wgmma.mma_async.sync.aligned.m64n8k32.f32.{row['a']}.{row['b']}",
+                          schedule=sched.replace(promotion=promo) if promo else sched)
+    return GemmConfig(arch=gpu, instruction=f"m16n8k{k[1:]}.f32.{row['a']}.{row['b']}.f32", schedule=sched)
+
+
+@functools.lru_cache(maxsize=8)
+def load(path: str) -> tuple[dict, dict]:
+    """(header, rows by key) of a record file (:func:`tcemu.record`)."""
+    try:
+        with gzip.open(path, "rt") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"library_config: records={path!r} is not a record file of tcemu.record ({e})") from None
+    if not isinstance(data, dict) or "header" not in data or "cases" not in data:
+        raise ValueError(f"library_config: records={path!r} is not a record file of tcemu.record")
+    return data["header"], {key(r): r for r in data["cases"] if r.get("calls") and r.get("kernels")}
+
+
+def key(row: dict) -> tuple:
+    return (row["lib"], row["batch"] or None, row["M"], row["N"], row["K"], row["a"], row["b"], row["out"],
+            tuple(sorted(row["flags"].items())))
+
+
+def _class(row_or_args) -> tuple:
+    """Rows a shape may be compared with: same library, batch or not, types, flags, and the
+    alignment of K and N (the elements, up to 8, every leading dimension is a multiple of)."""
+    lib, batch, M, N, K, a, b, out, flags = row_or_args
+    g = math.gcd(K, N)
+    return lib, bool(batch), a, b, out, flags, min(8, g & -g)
+
+
+@functools.lru_cache(maxsize=8)
+def _by_class(path: str) -> dict:
+    out = {}
+    for k, r in load(path)[1].items():
+        out.setdefault(_class(k), []).append(r)
+    return out
+
+
+def _form(row) -> tuple:
+    """What decides the bits: the instruction's k, the schedule (ignoring the slice count's
+    empty slices is not attempted: S itself)."""
+    try:
+        return row_schedule(row)
+    except NotEmulated:
+        return ("simt",)
+
+
+def lookup(path: str, lib: str, batch, M: int, N: int, K: int, a: str, b: str, out: str, flags: dict):
+    """(row, source) for a case from a record file. "recorded": the record of this very case.
+    "rule": the shape lies inside the recorded grid of its class (:func:`_class`) and the rows
+    at the corners of its grid cell (the nearest recorded M, N and K below and above, K and N
+    keeping their alignment) all give the same K schedule and instruction: that one. "nearest":
+    otherwise, the row at the least ``|log2 M/M'| + |log2 N/N'| + |log2 K/K'|`` (batch too) of
+    its class. None when the class has no rows."""
+    k = (lib, batch or None, M, N, K, a, b, out, tuple(sorted(flags.items())))
+    rows = load(path)[1]
+    if k in rows:
+        return rows[k], "recorded"
+    cands = _by_class(path).get(_class(k), [])
+    if not cands:
+        return None, None
+
+    def dist(r):
+        d = sum(abs(math.log2(v / r[n])) for n, v in (("M", M), ("N", N), ("K", K)))
+        return d + (abs(math.log2((batch or 1) / (r["batch"] or 1))))
+
+    best = min(cands, key=lambda r: (dist(r), r["M"] * r["N"] * r["K"]))
+    corners = _corners(cands, M, N, K, batch)
+    if corners and len({_form(r) for r in corners}) == 1 and _form(corners[0]) == _form(best):
+        return best, "rule"
+    return best, "nearest"
+
+
+def _corners(cands, M, N, K, batch):
+    """The rows at the 8 corners of the grid cell holding (M, N, K) (same batch), or None when
+    the shape is outside the grid or a corner is missing."""
+    same = [r for r in cands if (r["batch"] or None) == (batch or None)]
+    axes = []
+    for n, v in (("M", M), ("N", N), ("K", K)):
+        vals = sorted({r[n] for r in same})
+        lo = [x for x in vals if x <= v]
+        hi = [x for x in vals if x >= v]
+        if not lo or not hi:
+            return None
+        axes.append((lo[-1], hi[0]))
+    at = {(r["M"], r["N"], r["K"]): r for r in same}
+    out = []
+    for m in axes[0]:
+        for n in axes[1]:
+            for kk in axes[2]:
+                if (m, n, kk) not in at:
+                    return None
+                out.append(at[(m, n, kk)])
+    return out
+
+
+def records_path(records, arch, gpu: str):
+    """The record file ``library_config`` reads: ``records`` None (the file shipped for ``gpu``,
+    if any), False (none) or a path (a file of :func:`tcemu.record` made on a GPU whose name
+    holds ``arch`` as a word)."""
+    if records is None:
+        p = SHIPPED.get(gpu)
+        return str(p) if p is not None and p.exists() else None
+    if records is False:
+        return None
+    if not isinstance(records, (str, Path)):
+        raise TypeError(f"library_config: records must be a path to a file of tcemu.record, None (the records "
+                        f"shipped for {', '.join(SHIPPED)}) or False (none), got {records!r}")
+    if not Path(records).is_file():
+        raise ValueError(f"library_config: records={str(records)!r} is not a file (write one with tcemu.record)")
+    header = load(str(records))[0]
+    words = re.split(r"[^A-Z0-9]+", str(header.get("gpu", "")).upper())
+    if gpu not in words:
+        raise ValueError(f"library_config: records={str(records)!r} were made on {header.get('gpu')!r}, not on "
+                         f"arch={arch!r}")
+    return str(records)
+
+
+def answer(path: str, lib: str, gpu: str, M, N, K, a, b, out, batch, flags, base=None):
+    """(config, source, record row) from the records at ``path`` (:func:`lookup`), or None
+    where they hold no row of the case's class or the nearest row's kernel is not emulated. A
+    recorded case whose kernel tcemu does not emulate raises :class:`NotEmulated`."""
+    row, source = lookup(path, lib, batch, M, N, K, a, b, out, flags)
+    if row is None:
+        return None
+    if source == "recorded" and gpu not in re.split(r"[^A-Z0-9]+", str(load(path)[0].get("gpu", "")).upper()):
+        source = "rule"  # another GPU's record
+    if (source == "recorded" and algo(row).get("reductionScheme") == SERIAL
+            and (lib not in ("torch.mm", "torch.bmm", "F.linear") or flags.get("bias"))):
+        # serial split-K with a bias, C or scales: where they enter is not measured (a bias
+        # enters the first slice: 3 of 3 F.linear cases of the dev captures, not yet modelled)
+        source = "nearest"
+    if source == "recorded" and flags.get("scaling") == "row" and K % 128 and not flags.get("use_fast_accum"):
+        source = "nearest"  # row-wise scales, promotion, K off a multiple of 128: 2 of 2 not reproduced
+    try:
+        return row_config(row, gpu, base), source, row
+    except NotEmulated:
+        if source == "recorded":
+            raise
+        return None
