@@ -97,8 +97,15 @@ def reference_matmul(a, b, cfg):
             parts.append(total)
         else:
             parts.append(np.asarray(d, np.float32))
-    parts = [p.astype({"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16}[s.partials])
-             .astype(np.float32) for p in parts]
+    store = lambda p: p.astype({"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16}[s.partials]) \
+        .astype(np.float32)  # noqa: E731
+    if s.reduction == "serial":  # the running total stored after every slice
+        total = store(parts[0])
+        for p in parts[1:]:
+            total = store(total + p)
+        parts = [total]
+    parts = [store(p) for p in parts]
+
     def pairwise(parts):
         while len(parts) > 1:
             nxt = [parts[i] + parts[i + 1] for i in range(0, len(parts) - 1, 2)]
@@ -152,6 +159,9 @@ SCHEDULES = [
     tcemu.KSchedule(slices=40, slice_align=1, reduction="shuffle"),
     tcemu.KSchedule(slices=12, slice_align=8, reduction="pairwise", reduce_threads=8, reduce_lanes=2),
     tcemu.KSchedule(slices=9, slice_align=1, reduction="pairwise", reduce_threads=2, reduce_lanes=1),
+    tcemu.KSchedule(k_tile=32, residue="first", slices=4, slice_align=8, reduction="serial", partials="bf16"),
+    tcemu.KSchedule(k_tile=64, slices=3, reduction="serial", partials="f16"),
+    tcemu.KSchedule(k_tile=128, slices=2, promotion=128, reduction="serial", partials="bf16"),
 ]
 
 

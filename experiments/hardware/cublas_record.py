@@ -4,7 +4,7 @@ the torch profiler), over the default grid and at the shapes of the committed to
     python experiments/hardware/cublas_record.py --out OUTDIR [--quick] [--only grid|captures]
     python experiments/hardware/cublas_record.py --merge tcemu/_src/data/cublas_records_h100.json.gz \
         OUTDIR/cublas_records_h100.json.gz OUTDIR/cublas_records_h100_captures.json.gz \
-        tests/data/cublas_records_h100_fresh.json.gz
+        tests/data/cublas_records_h100_fresh.json.gz tests/data/cublas_records_h100_fresh2.json.gz
 
 Writes ``OUTDIR/cublas_records_<gpu>.json.gz`` (``tcemu._src.record.default_cases``: the grid
 shipped in ``tcemu/_src/data``) and ``OUTDIR/cublas_records_<gpu>_captures.json.gz`` (every

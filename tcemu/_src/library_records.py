@@ -9,7 +9,8 @@ kernels that launched. Each kernel family has one K schedule (measured on the H1
   128 for fp8), residue last; with ``numSplitsK`` = S > 1 (``..._splitK_...`` +
   ``splitKreduce_kernel``) S slices aligned to the k-tiles, float32 partials added in order.
 * CUTLASS 2 kernels (``cutlass_75_tensorop_*s1688*``: k8 numerics; ``cutlass_80_tensorop_*s16816*``
-  and ``*wmma*s161616*``: k16): the partial 64-wide k-tile first; split-K slices of
+  and ``*wmma*s161616*``: k16): the partial k-tile first (the k-tile of the kernel's name,
+  ``_<M>x<N>_<K>x<stages>_``, else 32 for the s1688 kernels); split-K slices of
   ``ceil(K / S)`` rounded up to 16 bytes, reduced by ``splitKreduce_kernel`` in float32
   (``COMPUTE_TYPE``) or with the partials rounded to the output type (``OUTPUT_TYPE``); the
   ``INPLACE`` scheme (serial split-K: each slice adds its partial onto the previous slices'
@@ -66,6 +67,13 @@ def _nvjet_k_tile(kernels) -> int:
     return int(m.group(1)) if m else 64
 
 
+def _cutlass_k_tile(kernels) -> int:
+    """A CUTLASS 2 kernel's k-tile: its name's ``_<M>x<N>_<K>x<stages>_`` (``..._32x32_128x1_...``),
+    else 32 (the ``cutlass_75_tensorop_*s1688gemm_<M>x<N>_*`` kernels, measured)."""
+    m = re.search(r"cutlass_\w+?_\d+x\d+_(\d+)x\d+_", " ".join(kernels))
+    return int(m.group(1)) if m else 32
+
+
 def algo(row: dict) -> dict:
     """The algorithm of a record row's (last) cuBLASLt call."""
     return row["calls"][-1]["algo"] if row.get("calls") else {}
@@ -89,10 +97,11 @@ def row_schedule(row: dict) -> tuple[str, KSchedule]:
     if fam == "xmma":
         return "k16", KSchedule()
     k = "k8" if fam == "cutlass_k8" else "k16"
+    kt = _cutlass_k_tile(row["kernels"])
     if S == 1:
-        return k, KSchedule(k_tile=64, residue="first")
+        return k, KSchedule(k_tile=kt, residue="first")
     partials = row["out"] if scheme in ("OUTPUT_TYPE", SERIAL) and row["out"] != "f32" else "f32"
-    return k, KSchedule(k_tile=64, residue="first", slices=S, slice_align=slice_alignment(row["a"], row["b"]),
+    return k, KSchedule(k_tile=kt, residue="first", slices=S, slice_align=slice_alignment(row["a"], row["b"]),
                         partials=partials, reduction="serial" if scheme == SERIAL else "sequential")
 
 
@@ -177,27 +186,37 @@ def lookup(path: str, lib: str, batch, M: int, N: int, K: int, a: str, b: str, o
     return best, "nearest"
 
 
+_CELL_INDEX = {}
+
+
+def _cell_index(cands, batch):
+    """(rows by (M, N, K), the sorted recorded M, N and K) of a class's rows of one batch."""
+    key = (id(cands), batch or None)
+    if key not in _CELL_INDEX:
+        same = [r for r in cands if (r["batch"] or None) == (batch or None)]
+        _CELL_INDEX[key] = ({(r["M"], r["N"], r["K"]): r for r in same},
+                            tuple(sorted({r[n] for r in same}) for n in "MNK"))
+    return _CELL_INDEX[key]
+
+
 def _corners(cands, M, N, K, batch):
-    """The rows at the 8 corners of the grid cell holding (M, N, K) (same batch), or None when
-    the shape is outside the grid or a corner is missing."""
-    same = [r for r in cands if (r["batch"] or None) == (batch or None)]
+    """The rows at the 8 corners of the smallest recorded grid cell holding (M, N, K) (same
+    batch): on each axis one of the 4 nearest recorded values at or below the shape's and one of
+    the 4 at or above, all 8 corners recorded; None when there is no such cell."""
+    at, values = _cell_index(cands, batch)
     axes = []
-    for n, v in (("M", M), ("N", N), ("K", K)):
-        vals = sorted({r[n] for r in same})
-        lo = [x for x in vals if x <= v]
-        hi = [x for x in vals if x >= v]
+    for vals, v in zip(values, (M, N, K)):
+        lo, hi = [x for x in vals if x <= v][::-1][:4], [x for x in vals if x >= v][:4]
         if not lo or not hi:
             return None
-        axes.append((lo[-1], hi[0]))
-    at = {(r["M"], r["N"], r["K"]): r for r in same}
-    out = []
-    for m in axes[0]:
-        for n in axes[1]:
-            for kk in axes[2]:
-                if (m, n, kk) not in at:
-                    return None
-                out.append(at[(m, n, kk)])
-    return out
+        axes.append(sorted(((a, b) for a in lo for b in hi), key=lambda ab: ab[1] - ab[0]))
+    cells = sorted(((m, n, k) for m in axes[0] for n in axes[1] for k in axes[2]),
+                   key=lambda c: sum(math.log2(b / a) for a, b in c))
+    for (m0, m1), (n0, n1), (k0, k1) in cells:
+        corners = [at.get((m, n, k)) for m in (m0, m1) for n in (n0, n1) for k in (k0, k1)]
+        if all(corners):
+            return corners
+    return None
 
 
 def records_path(records, arch, gpu: str):
