@@ -35,13 +35,19 @@ def _jobs(paths, stride):
     return out
 
 
+def _recorded_answers_right(path, records, rows, stride, share):
+    """Every "recorded" answer on every ``stride``-th case of a capture (``rows`` rows) is right,
+    and at least ``share`` of the cases are answered "recorded"."""
+    out = [check((p, k, records, rows)) for p, k in _jobs([path], stride)]
+    wrong = [(r["key"], r["lib"], r["shape"], r["match"]) for r in out if r["source"] == "recorded" and r["match"] != 1]
+    assert not wrong
+    assert sum(r["source"] == "recorded" for r in out) >= share * len(out)
+
+
 @pytest.mark.parametrize("path", FRESH2, ids=[p.name for p in FRESH2])
 def test_tcemu_record_reproduces_a_fresh_capture(path):
     # the user's workflow: tcemu record at their shapes, then library_config(records=...)
-    rows = [check((p, k, FRESH2_RECORDS, 8)) for p, k in _jobs([path], 3)]
-    wrong = [(r["key"], r["lib"], r["shape"], r["match"]) for r in rows if r["source"] == "recorded" and r["match"] != 1]
-    assert not wrong
-    assert sum(r["source"] == "recorded" for r in rows) >= 0.9 * len(rows)
+    _recorded_answers_right(path, FRESH2_RECORDS, rows=8, stride=3, share=0.9)
 
 
 DEV = [DATA / n for n in ("library_gemm_h100_torch_heldout.npz", "layer_gemm_h100_torch_default_fresh.npz",
@@ -50,10 +56,7 @@ DEV = [DATA / n for n in ("library_gemm_h100_torch_heldout.npz", "layer_gemm_h10
 
 @pytest.mark.parametrize("path", DEV, ids=[p.name for p in DEV])
 def test_shipped_records_reproduce_captures(path):
-    rows = [check((p, k, None, 4)) for p, k in _jobs([path], 4)]
-    wrong = [(r["key"], r["lib"], r["shape"], r["match"]) for r in rows if r["source"] == "recorded" and r["match"] != 1]
-    assert not wrong
-    assert sum(r["source"] == "recorded" for r in rows) >= 0.85 * len(rows)
+    _recorded_answers_right(path, None, rows=4, stride=4, share=0.85)
 
 
 KW = dict(arch="H100", a="bf16", b="bf16", out="bf16")
