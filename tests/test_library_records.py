@@ -56,7 +56,7 @@ DEV = [DATA / n for n in ("library_gemm_h100_torch_heldout.npz", "layer_gemm_h10
 
 @pytest.mark.parametrize("path", DEV, ids=[p.name for p in DEV])
 def test_shipped_records_reproduce_captures(path):
-    _recorded_answers_right(path, None, rows=4, stride=4, share=0.85)
+    _recorded_answers_right(path, None, rows=4, stride=6, share=0.85)
 
 
 KW = dict(arch="H100", a="bf16", b="bf16", out="bf16")
@@ -74,9 +74,12 @@ def test_sources_and_strict():
         tcemu.library_config("torch.mm", M=1000, N=3002, K=1003, strict=True, **KW)
     # XLA's rules with the autotuner off
     assert tcemu.library_config("jnp.dot", M=300, N=300, K=3000, xla_autotune=False, with_source=True, **KW)[1] == "rule"
-    # records=False: the measured table only (no records)
+    # records=False: the measured table only, a guess even at its own shapes (a schedule that
+    # fits 64 captured rows: at 512 x 512 x 777 bf16 the table splits K in 2, cuBLAS in 8)
     _, src = tcemu.library_config("torch.mm", M=64, N=64, K=16384, records=False, with_source=True, **KW)
-    assert src == "recorded"  # the table holds this shape (its captured outputs)
+    assert src == "nearest"
+    assert tcemu.library_config("torch.mm", M=512, N=512, K=777, records=False, **KW).schedule.slices == 2
+    assert tcemu.library_config("torch.mm", M=512, N=512, K=777, **KW).schedule.slices == 8
     # the H200 has no shipped records: its table
     assert tcemu.library_config("torch.mm", M=1000, N=3002, K=1003, arch="H200", a="bf16", b="bf16", out="bf16",
                                 with_source=True)[1] == "nearest"

@@ -152,8 +152,8 @@ def _by_class(path: str) -> dict:
 
 
 def _form(row) -> tuple:
-    """What decides the bits: the instruction's k, the schedule (ignoring the slice count's
-    empty slices is not attempted: S itself)."""
+    """What decides a row's bits: (the instruction's k, the K schedule); ("simt",) where tcemu
+    does not emulate the kernel."""
     try:
         return row_schedule(row)
     except NotEmulated:
@@ -162,9 +162,9 @@ def _form(row) -> tuple:
 
 def lookup(path: str, lib: str, batch, M: int, N: int, K: int, a: str, b: str, out: str, flags: dict):
     """(row, source) for a case from a record file. "recorded": the record of this very case.
-    "rule": the shape lies inside the recorded grid of its class (:func:`_class`) and the rows
-    at the corners of its grid cell (the nearest recorded M, N and K below and above, K and N
-    keeping their alignment) all give the same K schedule and instruction: that one. "nearest":
+    "rule": the rows at the 8 corners of a recorded grid cell around the shape, in its class
+    (:func:`_class`; :func:`_corners`), all give the nearest row's instruction and K schedule:
+    that one. "nearest":
     otherwise, the row at the least ``|log2 M/M'| + |log2 N/N'| + |log2 K/K'|`` (batch too) of
     its class. None when the class has no rows."""
     k = (lib, batch or None, M, N, K, a, b, out, tuple(sorted(flags.items())))
@@ -180,30 +180,24 @@ def lookup(path: str, lib: str, batch, M: int, N: int, K: int, a: str, b: str, o
         return d + (abs(math.log2((batch or 1) / (r["batch"] or 1))))
 
     best = min(cands, key=lambda r: (dist(r), r["M"] * r["N"] * r["K"]))
-    corners = _corners(cands, M, N, K, batch)
+    corners = _corners(path, _class(k), M, N, K, batch)
     if corners and len({_form(r) for r in corners}) == 1 and _form(corners[0]) == _form(best):
         return best, "rule"
     return best, "nearest"
 
 
-_CELL_INDEX = {}
-
-
-def _cell_index(cands, batch):
+@functools.lru_cache(maxsize=256)
+def _cell_index(path: str, cls: tuple, batch) -> tuple[dict, tuple]:
     """(rows by (M, N, K), the sorted recorded M, N and K) of a class's rows of one batch."""
-    key = (id(cands), batch or None)
-    if key not in _CELL_INDEX:
-        same = [r for r in cands if (r["batch"] or None) == (batch or None)]
-        _CELL_INDEX[key] = ({(r["M"], r["N"], r["K"]): r for r in same},
-                            tuple(sorted({r[n] for r in same}) for n in "MNK"))
-    return _CELL_INDEX[key]
+    same = [r for r in _by_class(path).get(cls, []) if (r["batch"] or None) == batch]
+    return {(r["M"], r["N"], r["K"]): r for r in same}, tuple(sorted({r[n] for r in same}) for n in "MNK")
 
 
-def _corners(cands, M, N, K, batch):
+def _corners(path: str, cls: tuple, M, N, K, batch):
     """The rows at the 8 corners of the smallest recorded grid cell holding (M, N, K) (same
     batch): on each axis one of the 4 nearest recorded values at or below the shape's and one of
     the 4 at or above, all 8 corners recorded; None when there is no such cell."""
-    at, values = _cell_index(cands, batch)
+    at, values = _cell_index(path, cls, batch or None)
     axes = []
     for vals, v in zip(values, (M, N, K)):
         lo, hi = [x for x in vals if x <= v][::-1][:4], [x for x in vals if x >= v][:4]
@@ -248,14 +242,12 @@ def answer(path: str, lib: str, gpu: str, M, N, K, a, b, out, batch, flags, base
     row, source = lookup(path, lib, batch, M, N, K, a, b, out, flags)
     if row is None:
         return None
-    if source == "recorded" and gpu not in re.split(r"[^A-Z0-9]+", str(load(path)[0].get("gpu", "")).upper()):
-        source = "rule"  # another GPU's record
-    if (source == "recorded" and algo(row).get("reductionScheme") == SERIAL
-            and (lib not in ("torch.mm", "torch.bmm", "F.linear") or flags.get("bias"))):
-        # serial split-K with a bias, C or scales: where they enter is not measured (a bias
-        # enters the first slice: 3 of 3 F.linear cases of the dev captures, not yet modelled)
+    if algo(row).get("reductionScheme") == SERIAL and (lib not in ("torch.mm", "torch.bmm", "F.linear")
+                                                       or flags.get("bias")):
+        # serial split-K with a bias, C or scales: where they enter is not modelled (a bias
+        # enters the first slice: 3 of 3 F.linear cases of the dev captures)
         source = "nearest"
-    if source == "recorded" and flags.get("scaling") == "row" and K % 128 and not flags.get("use_fast_accum"):
+    if flags.get("scaling") == "row" and K % 128 and not flags.get("use_fast_accum"):
         source = "nearest"  # row-wise scales, promotion, K off a multiple of 128: 2 of 2 not reproduced
     try:
         return row_config(row, gpu, base), source, row
