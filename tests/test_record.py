@@ -92,6 +92,12 @@ def test_record_bad_arguments(tmp_path, kwargs, match):
         tcemu.record(tmp_path / "r.json.gz", **kwargs)
 
 
+@pytest.mark.parametrize("name", ["quick", "progress"])
+def test_record_flags_are_bools(tmp_path, name):
+    with pytest.raises(TypeError, match=f"{name} must be True or False"):
+        tcemu.record(tmp_path / "r.json.gz", shapes=[(64, 64, 64)], **{name: "yes"})
+
+
 @pytest.mark.parametrize("argv,message", [
     (["record", "out.json", "--shapes", "64x64x64"], "does not end in .json.gz"),
     (["record", "out.json.gz", "--shapes", "64x64"], "shapes are MxNxK"),

@@ -297,9 +297,10 @@ def record(path, *, cases=None, shapes=None, quick: bool = False, chunk: int = 5
 
     ``cases``: case dicts (``lib``, ``batch``, ``M``, ``N``, ``K``, ``a``, ``b``, ``out``,
     ``flags``; :func:`expand` builds them); ``shapes``: instead, (M, N, K) triples, run as
-    torch.mm, F.linear and torch._scaled_mm with every type and flag; neither: the default grid
+    torch.mm, F.linear, torch.addmm and torch._scaled_mm with every type and flag of
+    :data:`LIBS` (fp8 where M, N and K are multiples of 16); neither: the default grid
     (:func:`default_cases`; ``quick``: a few shapes). Needs PyTorch and an NVIDIA GPU (a
-    ``RuntimeError`` otherwise); prints one line of progress per chunk when ``progress``.
+    ``RuntimeError`` otherwise); prints a line of progress every 10 s when ``progress``.
 
     >>> import tcemu
     >>> try:
@@ -318,14 +319,17 @@ def record(path, *, cases=None, shapes=None, quick: bool = False, chunk: int = 5
                  for c in expand(lib, [tuple(s) for s in shapes])]
     cases = default_cases(quick) if cases is None else list(cases)
     _check_cases(cases)
-    if not isinstance(chunk, int) or chunk < 1:
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
         raise ValueError(f"record: chunk must be a positive integer, got {chunk!r}")
+    for name, v in (("quick", quick), ("progress", progress)):
+        if not isinstance(v, bool):
+            raise TypeError(f"record: {name} must be True or False, got {v!r}")
     torch = _torch()
     runner = _Runner(torch)
     torch.mm(torch.ones(8, 8, device="cuda", dtype=torch.float16), torch.ones(8, 8, device="cuda", dtype=torch.float16))
     lib = _loaded_cublaslt()
     logger = _Logger(lib)
-    t0 = last = time.time()
+    t0 = last = shown = time.time()
     rows = []
     lib.cublasLtGetVersion.restype = ctypes.c_size_t
     props = torch.cuda.get_device_properties(0)
@@ -340,9 +344,10 @@ def record(path, *, cases=None, shapes=None, quick: bool = False, chunk: int = 5
             part = cases[i:i + chunk]
             calls, kernels = runner.chunk(part, logger)
             rows += [dict(c, calls=cl, kernels=k) for c, cl, k in zip(part, calls, kernels)]
-            if progress:
+            if progress and (time.time() - shown > 10 or len(rows) == len(cases)):  # a line every 10 s
                 print(f"tcemu.record: {len(rows)} of {len(cases)} cases, {time.time() - t0:.0f} s", file=sys.stderr,
                       flush=True)
+                shown = time.time()
             if time.time() - last > 60 and len(rows) < len(cases):  # partial results survive a time limit
                 _write(path, header | {"complete": False}, rows, t0)
                 last = time.time()
