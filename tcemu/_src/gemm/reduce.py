@@ -83,16 +83,20 @@ def combine_chains(chain, plan, zero, ar: Arith, to_f32=lambda x: x, scaled=None
     if S == 1:
         return one_slice(0)
 
-    def partial(s):
+    def raw(s):  # slice s's float32 partial as it leaves the slice
         x = one_slice(s)
-        return store_partial(x if plan.group else to_f32(x), sched, ar)
+        return x if plan.group else to_f32(x)
 
-    if sched.reduction == "sequential":
-        return ar.loop(1, S, lambda s, t: ar.add(t, partial(s)), partial(0))
-    if sched.reduction == "serial":  # the running total stored in the partials type after each slice
-        raw = lambda s: one_slice(s) if plan.group else to_f32(one_slice(s))  # noqa: E731
-        return ar.loop(1, S, lambda s, t: store_partial(ar.add(t, raw(s)), sched, ar), partial(0))
-    return reduce_parts(ar.map(partial, S), sched, ar)
+    if sched.reduction in ("sequential", "serial"):  # one partial alive at a time
+        step = ((lambda t, x: ar.add(t, store_partial(x, sched, ar))) if sched.reduction == "sequential"
+                else (lambda t, x: _serial_step(t, x, sched, ar)))
+        return ar.loop(1, S, lambda s, t: step(t, raw(s)), store_partial(raw(0), sched, ar))
+    return reduce_parts(ar.map(lambda s: store_partial(raw(s), sched, ar), S), sched, ar)
+
+
+def _serial_step(total, part, sched: KSchedule, ar: Arith):
+    """Serial split-K: the part added onto the running total, which is stored again."""
+    return store_partial(ar.add(total, part), sched, ar)
 
 
 def promote(chain, groups: int, zero, ar: Arith, scaled=None):
@@ -135,7 +139,7 @@ def reduce_raw(parts, sched: KSchedule, ar: Arith):
     """The slices' float32 partials (S, ...) as they leave the slices, stored and combined as the
     schedule says ("serial": the running total stored after each slice)."""
     if sched.reduction == "serial":
-        return ar.loop(1, parts.shape[0], lambda i, t: store_partial(ar.add(t, parts[i]), sched, ar),
+        return ar.loop(1, parts.shape[0], lambda i, t: _serial_step(t, parts[i], sched, ar),
                        store_partial(parts[0], sched, ar))
     return reduce_parts(store_partial(parts, sched, ar), sched, ar)
 
