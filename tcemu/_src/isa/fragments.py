@@ -50,7 +50,7 @@ def _first_holders(frag: Fragment):
 
 
 def fragment_to_matrix(words, frag: Fragment):
-    """(32, nregs) uint32 fragment registers -> (rows, cols) element bits (uint32, or (lo, hi))."""
+    """(lanes, nregs) uint32 fragment registers -> (rows, cols) element bits (uint32, or (lo, hi))."""
     lane, v = _first_holders(frag)
     if frag.bits == 64:
         return words[lane, 2 * v], words[lane, 2 * v + 1]
@@ -60,7 +60,7 @@ def fragment_to_matrix(words, frag: Fragment):
 
 
 def matrix_to_fragment(vals, frag: Fragment):
-    """(rows, cols) element bits (uint32, or (lo, hi) for 64-bit) -> (32, nregs) registers."""
+    """(rows, cols) element bits (uint32, or (lo, hi) for 64-bit) -> (lanes, nregs) registers."""
     r, c = frag.coords[..., 0], frag.coords[..., 1]
     if frag.bits == 64:
         return pack_values((vals[0][r, c], vals[1][r, c]), frag)
@@ -68,11 +68,11 @@ def matrix_to_fragment(vals, frag: Fragment):
 
 
 def pack_values(vals, frag: Fragment):
-    """(32, nvalues) element bits (or a (lo, hi) pair for 64-bit) -> (32, nregs) registers."""
+    """(lanes, nvalues) element bits (or a (lo, hi) pair for 64-bit) -> (lanes, nregs) registers."""
     if frag.bits == 64:
-        return jnp.stack(vals, -1).reshape(32, frag.nregs)
+        return jnp.stack(vals, -1).reshape(frag.lanes, frag.nregs)
     per = frag.per_reg
-    v = vals.reshape(32, frag.nregs, per).astype(_U32)
+    v = vals.reshape(frag.lanes, frag.nregs, per).astype(_U32)
     if frag.bits < 32:
         v = v & _U32((1 << frag.bits) - 1)
     shifts = jnp.asarray(np.arange(per, dtype=np.uint32) * frag.bits)
@@ -80,13 +80,13 @@ def pack_values(vals, frag: Fragment):
 
 
 def unpack_values(words, frag: Fragment):
-    """(32, nregs) registers -> (32, nvalues) element bits (or a (lo, hi) pair for 64-bit)."""
+    """(lanes, nregs) registers -> (lanes, nvalues) element bits (or a (lo, hi) pair for 64-bit)."""
     if frag.bits == 64:
-        w = words.reshape(32, frag.nvalues, 2)
+        w = words.reshape(frag.lanes, frag.nvalues, 2)
         return w[..., 0], w[..., 1]
     shifts = jnp.asarray(np.arange(frag.per_reg, dtype=np.uint32) * frag.bits)
     v = words[:, :, None] >> shifts
-    return (v & _U32((1 << frag.bits) - 1) if frag.bits < 32 else v).reshape(32, frag.nvalues)
+    return (v & _U32((1 << frag.bits) - 1) if frag.bits < 32 else v).reshape(frag.lanes, frag.nvalues)
 
 
 @functools.lru_cache(maxsize=None)
