@@ -43,6 +43,22 @@ def register_indices(spelling, name, idx, n, nregs):
     return tuple(t)
 
 
+def read_regs(regs, idx: tuple[int, ...]):
+    """``regs[:, idx]``: a slice when the indices are consecutive (no gather)."""
+    if idx == tuple(range(idx[0], idx[0] + len(idx))):
+        return regs[:, idx[0]:idx[0] + len(idx)]
+    return regs[:, list(idx)]
+
+
+def write_regs(regs, idx: tuple[int, ...], values):
+    """``regs`` with ``regs[:, idx] = values``: an update of a slice when the indices are
+    consecutive (no scatter)."""
+    if idx == tuple(range(idx[0], idx[0] + len(idx))):
+        a, b = idx[0], idx[0] + len(idx)
+        return jnp.concatenate([regs[:, :a], jnp.asarray(values, regs.dtype), regs[:, b:]], axis=1)
+    return regs.at[:, list(idx)].set(values)
+
+
 def check_regs(spelling, regs, lanes: int = 32):
     """``regs`` as a (lanes, nregs) uint32 JAX array (32: a warp, 128: a warpgroup), or a clear
     error naming it."""

@@ -25,19 +25,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tcemu._src import formats as fm
 from tcemu._src import memory as memmod
 from tcemu._src.checks import check_key
 from tcemu._src.formats import ELEMENT_BITS
 from tcemu._src.isa.fragments import fragment_to_matrix, matrix_to_fragment
 from tcemu._src.isa.instructions import Mma, WgmmaSync
 from tcemu._src.isa.mma_regs import _from_numeric, _to_numeric
-from tcemu._src.isa.registers import Instruction, check_regs, register_index, register_indices
+from tcemu._src.isa.registers import Instruction, check_regs, read_regs, register_index, register_indices, write_regs
 from tcemu._src.layouts import wgmma as L
 from tcemu._src.layouts.fragment import Fragment
 from tcemu._src.numerics import mma as mma_numerics
 
 _U32 = jnp.uint32
 _FIELD_MAX = (1 << 14) * 16  # start, LBO and SBO: 14 bits of (bytes >> 4)
+_K = {"f16": 16, "bf16": 16, "tf32": 8, "e4m3": 32, "e5m2": 32, "s8": 32, "u8": 32, "b1": 256}  # 32 bytes of K
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +111,64 @@ class WgmmaDescriptor:
         off = L.smem_offsets(rows, k, bits, mn_major, self.swizzle, self.lbo, self.sbo)
         return L.swizzle_address(self.start + off, self.swizzle, self.base_offset)
 
+    def put(self, smem, x, etype: str, *, operand: str, tnsp: int = 0):
+        """``smem`` with the wgmma operand ``x`` written where this descriptor reads it: A
+        (64, K) or B (K, N), typed (float16, bfloat16, float32 for tf32, float8, int8/uint8; b1:
+        0/1 integers); ``tnsp=1``: MN-major (16-bit types). What a TMA load with this swizzle
+        leaves in shared memory.
+
+        >>> import numpy as np, tcemu
+        >>> desc = tcemu.WgmmaDescriptor(start=0, lbo=16, sbo=1024, swizzle="128B")
+        >>> b = np.arange(16 * 64).reshape(16, 64).astype(np.float16)
+        >>> smem = desc.put(tcemu.memory(8192), b, "f16", operand="b")
+        >>> bool((desc.get(smem, "f16", operand="b", n=64) == b).all())
+        True
+        """
+        rows, k, bits, addr = self._operand(operand, etype, tnsp, smem, shape=jnp.shape(x))
+        xb = jnp.asarray(fm.to_bits(x, etype)).astype(_U32)
+        xb = (xb.T if operand == "b" else xb) & _U32((1 << bits) - 1 if bits < 32 else 0xFFFFFFFF)
+        if bits == 1:  # eight elements a byte, element 0 in the least significant bit
+            xb = jnp.sum(xb.reshape(rows, k // 8, 8) << jnp.arange(8, dtype=_U32), -1, dtype=_U32)
+            return smem.at[addr[:, ::8]].set(xb.astype(jnp.uint8))
+        nb = bits // 8
+        data = (xb[..., None] >> (8 * jnp.arange(nb, dtype=_U32))).astype(jnp.uint8)
+        return smem.at[addr[..., None] + np.arange(nb)].set(data)
+
+    def get(self, smem, etype: str, *, operand: str, n: int | None = None, tnsp: int = 0):
+        """The operand this descriptor reads from ``smem``, typed: A (64, K) or B (K, ``n``)."""
+        rows, k, bits, addr = self._operand(operand, etype, tnsp, smem, n=n)
+        vals = _gather(smem, jnp.asarray(addr, jnp.int32), bits, k)
+        vals = vals.T if operand == "b" else vals
+        return vals.astype(jnp.uint8) if bits == 1 else fm.from_bits(vals, etype)
+
+    def _operand(self, operand, etype, tnsp, smem, shape=None, n=None):
+        """(rows, K, element bits, checked addresses) of operand "a" or "b" given as an array of
+        ``shape`` (put) or read with ``n`` columns (get, B)."""
+        where = f"WgmmaDescriptor({self.start}, {self.lbo}, {self.sbo}, {self.swizzle!r}, {self.base_offset})"
+        if operand not in ("a", "b"):
+            raise ValueError(f"{where}: operand must be 'a' or 'b', got {operand!r}")
+        if etype not in _K:
+            raise ValueError(f"{where}: etype must be one of {', '.join(_K)}, got {etype!r}")
+        if tnsp not in (0, 1) or (tnsp and etype not in ("f16", "bf16")):
+            raise ValueError(f"{where}: tnsp must be 0, or 1 with f16/bf16 (MN-major), got {tnsp!r}")
+        k = _K[etype]
+        if shape is not None:
+            n = shape[1] if len(shape) == 2 and operand == "b" else n
+            want = (64, k) if operand == "a" else (k, n)
+            if tuple(shape) != want:
+                raise ValueError(f"{where}: operand {operand} of .{etype} must have shape (64, {k}) (A) or "
+                                 f"({k}, N) (B), got {tuple(shape)}")
+        if operand == "b" and not (memmod.is_integer_value(n) and n > 0 and n % 8 == 0):
+            raise ValueError(f"{where}: B needs N, a positive multiple of 8, got {n!r}")
+        smem = memmod.check_mem(smem, where)
+        rows = 64 if operand == "a" else int(n)
+        bits = ELEMENT_BITS[etype]
+        addr = self.addresses(rows, k, bits, bool(tnsp))
+        if addr.max() + max(bits // 8, 1) > smem.shape[0]:
+            raise IndexError(f"{where}: operand {operand} reaches byte {addr.max() + max(bits // 8, 1) - 1}, outside "
+                             f"the shared memory of {smem.shape[0]} bytes")
+        return rows, k, bits, addr
+
 
 def wgmma_descriptor(start: int, lbo: int, sbo: int, swizzle: str = "none", base_offset: int = 0) -> int:
     """The 64-bit ``wgmma`` matrix descriptor of these fields (see :class:`WgmmaDescriptor`).
@@ -164,16 +224,19 @@ class WgmmaRegs(Instruction):
         if a is None:
             A = _gather(smem, a_addr, abits, ins.k)
         else:
-            A = fragment_to_matrix(regs[:, list(a)], self.fa)
+            A = fragment_to_matrix(read_regs(regs, a), self.fa)
         B = _gather(smem, b_addr, ELEMENT_BITS[ins.btype], ins.k).T
         signs = [_U32(1 << (31 if t == "tf32" else ELEMENT_BITS[t] - 1)) for t in (ins.atype, ins.btype)]
         A = A ^ signs[0] if neg[0] else A
         B = B ^ signs[1] if neg[1] else B
-        C = _to_numeric(fragment_to_matrix(regs[:, list(d)], self.fd), ins.ctype)
+        C = _to_numeric(fragment_to_matrix(read_regs(regs, d), self.fd), ins.ctype)
         C = jnp.where(scale_d != 0, C, jnp.zeros_like(C))
-        D = mma_numerics.mma_bits(ins, _to_numeric(A, ins.atype), _to_numeric(B, ins.btype), C, self.model,
-                                  arch=self.arch, key=key, over_devices=True)
-        return regs.at[:, list(d)].set(matrix_to_fragment(_from_numeric(D, ins.dtype), self.fd))
+        # operands and result materialised once: XLA's fusions around the numerics otherwise cost
+        # more than the numerics (CPU, m64n256k16 for 256 warpgroups: 25 ms without, 17 ms with)
+        A, B, C = jax.lax.optimization_barrier((_to_numeric(A, ins.atype), _to_numeric(B, ins.btype), C))
+        D = mma_numerics.mma_bits(ins, A, B, C, self.model, arch=self.arch, key=key, over_devices=True)
+        D = jax.lax.optimization_barrier(D)
+        return write_regs(regs, d, matrix_to_fragment(_from_numeric(D, ins.dtype), self.fd))
 
     def _addresses(self, desc, name, rows, bits, mn_major, size):
         """The checked int32 (rows, K) byte addresses an operand's descriptor reads."""
