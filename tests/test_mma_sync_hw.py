@@ -17,15 +17,16 @@ from tcemu._src.isa.wmma import fragment_to_matrix, matrix_to_fragment, mma_sync
 from conftest import capture
 
 CAP = "mma_sync_sm90.npz"
+F64 = "mma_sync_f64_sm90.npz"  # sm_90's f64 m16n8kK (DMMA), H200, its own capture
 
 
-def forms():
-    return sorted({k.rsplit(".", 1)[0] for k in capture(CAP)})
+def forms(cap=CAP):
+    return sorted({k.rsplit(".", 1)[0] for k in capture(cap)})
 
 
-@pytest.mark.parametrize("short", forms())
-def test_register_level_matches_h200(short):
-    z = capture(CAP)
+@pytest.mark.parametrize("cap,short", [(CAP, s) for s in forms()] + [(F64, s) for s in forms(F64)])
+def test_register_level_matches_h200(cap, short):
+    z = capture(cap)
     sp = "mma.sync.aligned." + short
     na, nb, nc, nd = (int(x) for x in z[short + ".nregs"])
     with jax.enable_x64(True) if ".f64." in sp else contextlib.nullcontext():  # x64 on stays on
@@ -40,7 +41,7 @@ def test_register_level_matches_h200(short):
 
 
 def test_all_forms_captured():
-    assert len(forms()) == 53
+    assert len(forms()) == 53 and len(forms(F64)) == 6
 
 
 FP8 = [f for f in forms() if "e4m3" in f or "e5m2" in f] + ["m16n8k16.row.col.f32.f16.f16.f32",

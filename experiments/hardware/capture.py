@@ -378,10 +378,10 @@ def _ms_types(sp: str):
     return d, a, b, c
 
 
-def capture_mma_sync(gpu, rng, main_per_class=24, other_per_class=4):
+def capture_mma_sync(gpu, rng, main_per_class=24, other_per_class=4, forms=None):
     out = {}
     bits = S.ELEMENT_BITS | {"e4m3": 8, "e5m2": 8}
-    for f in Kn.mma_sync_forms():
+    for f in forms or Kn.mma_sync_forms():
         dt, at, bt, ct = _ms_types(f.spelling)
         short = f.spelling.replace("mma.sync.aligned.", "")
         per = main_per_class if short in _MS_MAIN else other_per_class
@@ -531,8 +531,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", default="layouts,wmma,mma_sync,ldst",
-                    help="comma-separated parts: layouts, wmma, mma_sync, ldst, signed_zeros, underflow (the last two "
-                         "not in the default)")
+                    help="comma-separated parts: layouts, wmma, mma_sync, ldst, signed_zeros, underflow, f64_m16n8 "
+                         "(the last three not in the default)")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     outdir = Path(args.out)
@@ -560,6 +560,10 @@ def main():
     if "mma_sync" in parts:
         np.savez_compressed(outdir / "mma_sync_sm90.npz", **capture_mma_sync(gpu, rng))
         print("mma.sync done", flush=True)
+    if "f64_m16n8" in parts:  # sm_90's f64 m16n8kK; its own generator
+        data = capture_mma_sync(gpu, np.random.default_rng(SEED + 7), other_per_class=3, forms=Kn.mma_sync_f64_forms())
+        np.savez_compressed(outdir / "mma_sync_f64_sm90.npz", **data)
+        print(f"mma.sync f64 m16n8kK: {len(data) // 5} forms", flush=True)
     if "ldst" in parts:
         np.savez_compressed(outdir / "ldstmatrix_sm90.npz", **capture_ldst(gpu, rng))
         print("ldmatrix/stmatrix done", flush=True)

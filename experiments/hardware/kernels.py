@@ -314,6 +314,12 @@ def mma_sync_forms() -> list[MmaSync]:
     return fs
 
 
+def mma_sync_f64_forms() -> list[MmaSync]:
+    """sm_90's f64 m16n8kK (DMMA): A 2/4/8, B 1/2/4, C/D 4 doubles a lane; every rounding at k16."""
+    return [MmaSync(f"mma.sync.aligned.m16n8k{k}.row.col{rnd}.f64.f64.f64.f64", k, k // 2, 8, 8, kind="f64")
+            for k in (4, 8, 16) for rnd in (("", ".rz", ".rm", ".rp") if k == 16 else ("",))]
+
+
 def mma_sync_kernel(f: MmaSync):
     kind_ab = "f64" if f.kind == "f64" else "b32"
     acc_kind = "f64" if f.kind == "f64" else ("f32" if ".f32." in f.spelling else "b32")
@@ -427,7 +433,7 @@ def source() -> str:
             parts.append(store_kernel(store_name(*cfg, ws), *cfg, ws))
     for f in wmma_mma_forms():
         parts.append(wmma_mma_kernel(f))
-    for f in mma_sync_forms():
+    for f in mma_sync_forms() + mma_sync_f64_forms():
         parts.append(mma_sync_kernel(f))
     for x, t in LDSM_FORMS:
         parts.append(ldmatrix_kernel(x, t))

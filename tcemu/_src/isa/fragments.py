@@ -145,8 +145,7 @@ def mma_sync_fragments(ins: Mma):
                          ("c", ins.ctype, (cshape, "c", bits[ins.ctype])),
                          ("c", ins.dtype, (cshape, "c", bits[ins.dtype]))):
         if key not in MMA:
-            raise Unsupported(f"{ins.spelling!r}: no register-level layout for {key} yet "
-                                      "(mma.sync .m8n8k4 .f16 and f64 .m16n8kK are value level only)")
+            raise Unsupported(f"{ins.spelling!r}: no register-level layout for {key}")
         lb, vb = MMA[key]
         rows, cols = {"a": (ins.m, ins.k), "b": (ins.k, ins.n), "c": (ins.m, ins.n)}[mat]
         nvals = 1 << len(vb)

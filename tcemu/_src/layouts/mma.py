@@ -59,11 +59,20 @@ MMA = {
     # f64
     ("m8n8k4", "a", 64): _a(1, 2, ()),
     ("m8n8k4", "b", 64): _b(1, 2, ()),
+    # f64 m16n8kK (sm_90): the tf32 layouts with 64-bit elements (CUTLASS cute/atom/mma_traits_sm90.hpp
+    # SM90_16x8x{4,8,16}_F64F64F64F64_TN; measured on the H100, tests/data/mma_sync_f64_sm90.npz)
+    ("m16n8k4", "a", 64): _a(1, 2, ((8, 0),)),
+    ("m16n8k4", "b", 64): _b(1, 2, ()),
+    ("m16n8k8", "a", 64): _a(1, 2, ((8, 0), (0, 4))),
+    ("m16n8k8", "b", 64): _b(1, 2, ((4, 0),)),
+    ("m16n8k16", "a", 64): _a(1, 2, ((8, 0), (0, 4), (0, 8))),
+    ("m16n8k16", "b", 64): _b(1, 2, ((4, 0), (8, 0))),
     # C / D
     ("m16n8", "c", 32): _a(2, 4, ((0, 1), (8, 0))),
     ("m16n8", "c", 16): _a(2, 4, ((0, 1), (8, 0))),
     ("m8n8", "c", 32): _a(2, 4, ((0, 1),)),
     ("m8n8", "c", 64): _a(2, 4, ((0, 1),)),
+    ("m16n8", "c", 64): _a(2, 4, ((0, 1), (8, 0))),
 }
 
 # mma.sync.m8n8k4 .f16 (Volta HMMA.884): the warp runs four independent 8x8x4 MMAs, one per quad
