@@ -2,9 +2,11 @@
 the torch profiler), over the default grid and at the shapes of the committed torch captures.
 
     python experiments/hardware/cublas_record.py --out OUTDIR [--quick] [--only grid|captures]
-    python experiments/hardware/cublas_record.py --merge tcemu/_src/data/cublas_records_h100.json.gz \
+    python experiments/hardware/cublas_record.py --compact --merge tcemu/_src/data/cublas_records_h100.json.gz \
         OUTDIR/cublas_records_h100.json.gz OUTDIR/cublas_records_h100_captures.json.gz \
         tests/data/cublas_records_h100_fresh.json.gz tests/data/cublas_records_h100_fresh2.json.gz
+    python experiments/hardware/cublas_record.py --compact --merge tcemu/_src/data/cublas_records_h200.json.gz \
+        OUTDIR/cublas_records_h200.json.gz OUTDIR/cublas_records_h200_captures.json.gz
 
 Writes ``OUTDIR/cublas_records_<gpu>.json.gz`` (``tcemu._src.record.default_cases``: the grid
 shipped in ``tcemu/_src/data``) and ``OUTDIR/cublas_records_<gpu>_captures.json.gz`` (every
@@ -53,35 +55,42 @@ def capture_cases() -> list[dict]:
     return out
 
 
-def merge(out: str, inputs: list[str]) -> None:
+def merge(out: str, inputs: list[str], compact: bool = False) -> None:
     """One record file from several of one GPU (the first's header; later rows replace earlier
-    ones of the same case), each input's header kept under ``"parts"``."""
+    ones of the same case), each input's header kept under ``"parts"``; ``compact``: each call
+    keeps its function and algorithm only (what ``library_config`` reads), not the matrix and
+    compute descriptors (the file shipped in ``tcemu/_src/data``: half the size)."""
     import gzip
 
     headers, rows = [], {}
     for path in inputs:
         with gzip.open(path, "rt") as f:
             data = json.load(f)
-        headers.append(dict(data["header"], file=Path(path).name))
+        h = data["header"]  # a merged file brings the headers of its parts
+        headers += [p for p in h["parts"]] if h.get("parts") else [dict(h, file=Path(path).name)]
         for r in data["cases"]:
+            if compact and r.get("calls"):
+                r = dict(r, calls=[{"fn": c.get("fn"), "algo": c.get("algo", {})} for c in r["calls"]])
             rows[json.dumps([r["lib"], r["batch"], r["M"], r["N"], r["K"], r["a"], r["b"], r["out"],
                              sorted(r["flags"].items())])] = r
     if len({h["gpu"] for h in headers}) != 1:
         raise SystemExit(f"records of several GPUs: {sorted({h['gpu'] for h in headers})}")
-    with gzip.open(out, "wt") as f:
-        json.dump({"header": dict(headers[0], parts=headers), "cases": list(rows.values())}, f, separators=(",", ":"))
+    with gzip.open(out, "wt", compresslevel=9) as f:
+        first = {k: v for k, v in headers[0].items() if k != "file"}
+        json.dump({"header": dict(first, parts=headers), "cases": list(rows.values())}, f, separators=(",", ":"))
     print(f"wrote {out}: {len(rows)} cases from {len(inputs)} files")
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--merge", nargs="+", metavar=("OUT", "IN"), help="merge record files of one GPU into OUT")
+    p.add_argument("--compact", action="store_true", help="with --merge: keep each call's algorithm only")
     p.add_argument("--out")
     p.add_argument("--quick", action="store_true", help="a few shapes of the grid (plumbing check)")
     p.add_argument("--only", choices=("grid", "captures"))
     args = p.parse_args(argv)
     if args.merge:
-        merge(args.merge[0], args.merge[1:])
+        merge(args.merge[0], args.merge[1:], args.compact)
         return
     if not args.out:
         p.error("--out is required (or --merge)")

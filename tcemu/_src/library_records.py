@@ -37,7 +37,7 @@ from tcemu._src.library import slice_alignment
 DATA = Path(__file__).parent / "data"
 # the records shipped per GPU (the H200 is not among them: at split-K shapes its kernels differ
 # from the H100's, 21 of 188 torch captures; record it with tcemu.record)
-SHIPPED = {"H100": DATA / "cublas_records_h100.json.gz"}
+SHIPPED = {"H100": DATA / "cublas_records_h100.json.gz", "H200": DATA / "cublas_records_h200.json.gz"}
 SOURCES = ("recorded", "rule", "nearest")
 SERIAL = "INPLACE"
 
