@@ -23,8 +23,11 @@ the sparsity selector ``f`` (an immediate) is picked per tile by a switch. Two k
   (``tcemu/_src/layouts/sparse.py``), per-row metadata (half the tiles every row the same pattern,
   so B can be built from the kept rows and the class structure, e.g. cancelling pairs, survives;
   the rest random per row), the lanes the selector does not read filled with other random
-  metadata. ``hiddenB`` puts inf/NaN/huge values in the B rows no metadata selects. ``sanity``:
-  small integers, checked offline against exact arithmetic.
+  metadata. ``hiddenB`` puts inf/NaN/huge values in the B rows no metadata selects; ``blocks``
+  (metadata 0, 1 in every group) has the kept products 1 and 2**-24 in the first half of K and
+  2**-24 in the second: summed in one block they give 1 + 2**-23, in two blocks of K/2 (with
+  binary32 truncation between) 1. ``sanity``: small integers, checked offline against exact
+  arithmetic.
 
 Writes ``<name>.npz``: per spelling ``.regs_in`` (T, 32, na+nb+nc+1) u32, ``.sel`` (T,) the
 selector, ``.regs_out`` (T, 32, nd), ``.class`` / ``.classes``, ``.nregs`` (na, nb, nc, nd),
@@ -243,6 +246,13 @@ def _logical(cl, rng, at, bt, ct, T, k):
     if cl == "tf32raw":
         g = lambda *s: I.from_float(rng.standard_normal(s), "f32")  # noqa: E731
         return g(T, 16, kc), g(T, kc, 8), g(T, k, 8), g(T, 16, 8)
+    if cl == "blocks":  # products 1, 2**-24 (in K's first half) and 2**-24 (second half): one block or two?
+        A = np.zeros((T, 16, kc))
+        A[:, :, 0], A[:, :, 1], A[:, :, kc // 2] = 1.0, 2.0 ** -12, 2.0 ** -12
+        Bg = rng.standard_normal((T, kc, 8))
+        Bg[:, 0], Bg[:, 1], Bg[:, kc // 2] = 1.0, 2.0 ** -12, 2.0 ** -12
+        return (I.from_float(A, at), I.from_float(Bg, bt), I.from_float(rng.standard_normal((T, k, 8)), bt),
+                I.from_float(np.zeros((T, 16, 8)), ct))
     if cl == "hiddenB":  # ordinary kept products; inf, NaN, max in the rows nobody selects
         A, Bg, C = I.float_operands("normal", rng, (at, bt), ct, T, 16, 8, kc)
         return A, Bg, I.specials(rng, bt, (T, k, 8)), C
@@ -261,17 +271,17 @@ def numeric_tiles(rng, at, bt, ct, k, per_class, unsorted):
     if at in ("s8", "u8", "s4", "u4"):
         classes = ("sanity",) + I.INT_CLASSES
     else:
-        classes = ("sanity",) + I.FLOAT_CLASSES + ("hiddenB",) + (("tf32raw",) if tf32 else ())
+        classes = ("sanity",) + I.FLOAT_CLASSES + ("hiddenB", "blocks") + (("tf32raw",) if tf32 else ())
     regs, sels, cls = [], [], []
     T = per_class
     for ci, cl in enumerate(classes):
         A, Bg, B, C = _logical(cl, rng, at, bt, ct, T, k)
-        uniform = np.arange(T) < (T if cl == "hiddenB" else (T + 1) // 2)
+        uniform = np.arange(T) < (T if cl in ("hiddenB", "blocks") else (T + 1) // 2)
         mode = np.where((np.arange(T) % 2 == 1) & unsorted & (not tf32), "unsorted", "sorted")
         sel = rng.choice(L.SELECTORS[rbits], T)
         for t in range(T):
             shape = (1, 1 if uniform[t] else 16, rbits // 4)
-            p = pairs(rng, shape, str(mode[t]), tf32)
+            p = pairs(rng, shape, str(mode[t]), tf32) if cl != "blocks" else np.zeros(shape + (2,), int) + [0, 1]
             p = np.broadcast_to(p, (1, 16, rbits // 4, 2)).reshape(1, 16, rbits // 2)
             pos = L.dense_positions(p, BITS[at])[0]  # (16, K/2)
             Bt = B[t:t + 1].copy()

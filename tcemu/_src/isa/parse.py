@@ -34,7 +34,9 @@ def parse(spelling: str):
     s = clean(spelling)
     parsers = (("wmma.load", parse_wmma_load), ("wmma.store", parse_wmma_store),
                ("wmma.mma", parse_wmma_mma), ("wgmma.mma_async", parse_wgmma), ("tcgen05.mma", parse_tcgen05),
-               ("mma.sp", parse_mma_sp), ("mma.sp::ordered_metadata", parse_mma_sp), ("mma", parse_mma_sync), ("ldmatrix", parse_matrix_move), ("stmatrix", parse_matrix_move))
+               ("mma", parse_mma_sync), ("ldmatrix", parse_matrix_move), ("stmatrix", parse_matrix_move))
+    if s.startswith("mma.sp"):  # mma.sp and mma.sp::ordered_metadata
+        return parse_mma_sp(s)
     for prefix, fn in parsers:
         if s.startswith(prefix + "."):
             return fn(s)

@@ -26,7 +26,7 @@ from tcemu._src.isa.fragments import fragment_to_matrix, matrix_to_fragment
 from tcemu._src.isa.instructions import Mma
 from tcemu._src.isa.mma_regs import MmaRegs, _from_numeric, _to_numeric
 from tcemu._src.isa.qualifiers import Quals, check_sync, mnk, split
-from tcemu._src.isa.registers import check_regs, register_index, register_indices
+from tcemu._src.isa.registers import register_index, register_indices
 from tcemu._src.layouts import sparse as L
 from tcemu._src.layouts.fragment import Fragment
 from tcemu._src.layouts.mma import MMA
@@ -176,8 +176,10 @@ class MmaSpRegs(MmaRegs):
 
     def __call__(self, regs, *, d, a, b, c, e, f=0, key=None):
         regs, key, args = self._checked(regs, key, d, a, b, c)
-        (e_,) = register_indices(self.spelling, "e", [e] if register_index(e) is not None else e, 1,
-                                 check_regs(self.spelling, regs).shape[1])
+        if register_index(e) is None:
+            raise TypeError(f"{self.spelling}: e= (the metadata register) must be one integer register index, "
+                            f"got {e!r}")
+        (e_,) = register_indices(self.spelling, "e", [e], 1, regs.shape[1])
         fv = register_index(f)
         if fv is None or fv not in self.ins.selectors:
             raise ValueError(f"{self.spelling}: f (the sparsity selector) must be one of "
