@@ -3,6 +3,9 @@ the numerics tiles compare with exact arithmetic and with tcemu.
 
     python experiments/hardware/mma_sp_analysis.py tests/data/mma_sp_sm90.npz [--numerics]
 
+``--numerics``: every tile through tcemu.ptx, and the f16/bf16/tf32 forms through the dense MMA
+of K on the decompressed A, mismatching words counted per input class.
+
 Index-coded tiles (``map*`` classes): D's bits give, for every compressed element (row r,
 column j), the dense column it landed on; from those the 2-bit index each chunk used, and then,
 over the random metadata of every lane, which (lane, bit) of the metadata registers that index
@@ -215,13 +218,68 @@ class MockGpu:
         return [S.place(bits.astype(np.uint64), fc, nd).ravel()]
 
 
+def _emulate(z, sp, dense_k=False):
+    """tcemu's D registers for every tile of ``sp``: ``tcemu.ptx`` (the kept products as the dense
+    MMA of K/2), or with ``dense_k`` the dense MMA of K on the decompressed A (sm_90 preset)."""
+    import jax
+    import jax.numpy as jnp
+
+    import tcemu
+    from tcemu._src.isa import sparse as SP
+    from tcemu._src.isa.fragments import fragment_to_matrix, matrix_to_fragment
+    from tcemu._src.isa.instructions import Mma
+    from tcemu._src.isa.mma_regs import _from_numeric, _to_numeric
+    from tcemu._src.isa.parse import parse
+    from tcemu._src.numerics import mma as mn
+
+    ins = parse(sp)
+    na, nb, nc, nd = (int(x) for x in z[sp + ".nregs"])
+    regs, sel = z[sp + ".regs_in"], z[sp + ".sel"]
+    f = tcemu.ptx(sp, arch="sm_90")
+    fa, fb, fc, fd = SP.sparse_fragments(ins)
+    dense = Mma(sp, "mma.sp", ins.shape, 16, 8, ins.k, ins.dtype, ins.atype, ins.btype, ins.ctype, satfinite=ins.satfinite)
+
+    def decompressed(r, s):
+        A = _to_numeric(fragment_to_matrix(r[:, :na], fa), ins.atype)
+        B, C = (_to_numeric(fragment_to_matrix(r[:, lo:hi], fr), t) for lo, hi, fr, t in
+                ((na, na + nb, fb, ins.btype), (na + nb, na + nb + nc, fc, ins.ctype)))
+        pos = SP.register_positions(ins, r[:, na + nb + nc], s)
+        Ad = jnp.zeros((16, ins.k), A.dtype).at[jnp.arange(16)[:, None], pos].set(A)
+        model = None if ins.family == "int" else mn.resolve_model(dense, None, "sm_90")
+        return matrix_to_fragment(_from_numeric(mn.mma_bits(dense, Ad, B, C, model, arch="sm_90"), ins.dtype), fd)
+
+    out = np.zeros((len(sel), 32, nd), np.uint32)
+    for s in sorted(set(sel.tolist())):
+        one = (lambda r: decompressed(r, s)) if dense_k else (lambda r: f(
+            r, a=range(na), b=range(na, na + nb), c=range(na + nb, na + nb + nc), e=na + nb + nc, f=s, d=range(nd))[:, :nd])
+        out[sel == s] = np.asarray(jax.jit(jax.vmap(one))(jnp.asarray(regs[sel == s])))
+    return out
+
+
+def report_numerics(z):
+    """Mismatching D words per input class: tcemu.ptx, and (f16/bf16/tf32 ::ordered_metadata) the
+    dense MMA of K on the decompressed A."""
+    for sp, at, bt, ct, k in S.forms():
+        cls, classes, hw = z[sp + ".class"], list(z[sp + ".classes"]), z[sp + ".regs_out"]
+        per = lambda bad: {c: int(bad[cls == i].sum()) for i, c in enumerate(classes) if bad[cls == i].any()}  # noqa: E731
+        bad = _emulate(z, sp) != hw
+        line = f"{sp}: {hw.size} words, tcemu differs on {int(bad.sum())} {per(bad)}"
+        if "ordered" in sp and at in ("f16", "bf16", "tf32"):
+            bad = _emulate(z, sp, dense_k=True) != hw
+            line += f"; dense K on the decompressed A differs on {int(bad.sum())} {per(bad)}"
+        print(line, flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("npz")
+    ap.add_argument("--numerics", action="store_true", help="also compare every tile with tcemu (a minute)")
     args = ap.parse_args()
     z = np.load(args.npz)
     report_maps(z)
     report_sanity(z)
+    if args.numerics:
+        report_numerics(z)
 
 
 if __name__ == "__main__":
