@@ -12,7 +12,7 @@ import tcemu
 from tcemu._src.isa.parse import parse
 from tcemu._src.isa.sparse import sparse_fragments
 from tcemu._src.isa.fragments import matrix_to_fragment
-from test_x64 import off_and_on
+from test_x64 import _wide_values, off_and_on
 
 F16 = "mma.sp::ordered_metadata.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
 S8 = "mma.sp.sync.aligned.m16n8k64.row.col.satfinite.s32.s8.u8.s32"
@@ -167,3 +167,29 @@ def test_register_level_equals_value_level(sp, sel):
 
     reg, val = off_and_on(both)
     np.testing.assert_array_equal(reg, val)
+
+
+def test_no_64_bit_values_under_x64():
+    """Traced under x64, the sparse numerics of every form (metadata values or registers to
+    positions, the gather of B, the dense MMA of K/2) hold no 64-bit value. (The fragment moves
+    shared with mma.sync index with 64-bit integers under x64, which changes no bit.)"""
+    from tcemu._src.isa import sparse as SP
+    from tcemu._src.isa.sparse import SPARSE_FORMS
+
+    wide = {}
+    with jax.enable_x64(True):
+        for fam, shapes in SPARSE_FORMS.items():
+            t = {"fp8": "e4m3", "int8": "s8", "int4": "u4"}.get(fam, fam)
+            acc = "s32" if fam.startswith("int") else "f32"
+            for shape in shapes:
+                ins = parse(f"mma.sp.sync.aligned.{shape}.row.col.{acc}.{t}.{t}.{acc}")
+                dt = jnp.int32 if acc == "s32" else jnp.uint32
+                args = (jnp.zeros((2, 16, ins.k // 2), dt), jnp.zeros((2, ins.k, 8), dt), jnp.zeros((2, 16, 8), dt),
+                        jnp.zeros((2, 16, ins.k // 2), jnp.int8))
+                j = jax.make_jaxpr(lambda a, b, c, m: SP.sparse_mma_bits(ins, a, b, c, SP.positions(ins, m), None,
+                                                                         arch="sm_90"))(*args)
+                r = jax.make_jaxpr(lambda e: SP.register_positions(ins, e, 0))(jnp.zeros(32, jnp.uint32))
+                found = _wide_values(j.jaxpr, []) + _wide_values(r.jaxpr, [])
+                if found:
+                    wide[ins.spelling] = sorted(set(found))
+    assert not wide, wide

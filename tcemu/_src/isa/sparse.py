@@ -120,7 +120,7 @@ def _family(a, b, d, c):
 def positions(ins: SparseMma, metadata):
     """Dense columns (..., 16, K/2) of the compressed elements from value-level metadata (the
     column of each kept element inside its group)."""
-    j = jnp.arange(ins.k // 2)
+    j = jnp.arange(ins.k // 2, dtype=jnp.int32)
     return (j // ins.kept) * ins.group + jnp.asarray(metadata).astype(jnp.int32)
 
 
@@ -152,7 +152,7 @@ def register_positions(ins: SparseMma, e_words, selector: int):
     """Dense columns (16, K/2) from the (32,) metadata registers read with ``selector``
     (:func:`tcemu._src.layouts.sparse.metadata_table`)."""
     tab = L.metadata_table(ins.rbits, selector, L.unit_bits(ins.bits))
-    bit = (e_words[tab[..., 0]] >> jnp.asarray(tab[..., 1], jnp.uint32)) & 1
+    bit = (jnp.take(e_words, jnp.asarray(tab[..., 0], jnp.int32)) >> jnp.asarray(tab[..., 1], jnp.uint32)) & 1
     idx = bit[:, 0::2] | (bit[:, 1::2] << 1)
     return L.dense_positions(idx, ins.bits, xp=jnp)
 

@@ -104,7 +104,7 @@ def dense_positions(idx: np.ndarray, bits: int, xp=np):
     0b1110 name its first or second position)."""
     idx = idx.astype(xp.int32)
     nu = idx.shape[-1]
-    v = xp.arange(nu)
+    v = xp.arange(nu, dtype=xp.int32)
     units = 4 * (v // 2) + idx  # dense unit of compressed unit v
     if bits in (16, 8):
         return units
