@@ -46,6 +46,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))
+import capture as Cap  # noqa: E402
 import inputs as I  # noqa: E402
 from tcemu._src.layouts import sparse as L  # noqa: E402
 from tcemu._src.layouts.fragment import Fragment  # noqa: E402
@@ -317,24 +318,14 @@ def capture(gpu, rng, per_class_ordered=4, per_class_sp=2, maps=True):
     return out
 
 
-class Gpu:
+class Gpu(Cap.Gpu):
+    """capture.py's GPU (one 32-thread block a tile), on kernels loaded from a cubin."""
+
     def __init__(self, cubin: Path):
         import cupy as cp
 
         self.cp = cp
         self.mod = cp.RawModule(path=str(cubin))
-
-    def run(self, name, nblocks, args, outs):
-        cp = self.cp
-        dev = [cp.asarray(x) for x in args]
-        self.mod.get_function(name)((nblocks,), (32,), tuple(dev))
-        cp.cuda.runtime.deviceSynchronize()
-        return [cp.asnumpy(dev[i]) for i in outs]
-
-
-class DryGpu:
-    def run(self, name, nblocks, args, outs):
-        return [np.zeros_like(args[i]) for i in outs]
 
 
 def write_cubin(path: Path):
@@ -363,7 +354,7 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.dry_run:
-        gpu = DryGpu()
+        gpu = Cap.DryGpu()
     else:
         cubin = Path(args.cubin) if args.cubin else Path("/tmp/mma_sp.cubin")
         if not args.cubin:
