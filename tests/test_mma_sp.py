@@ -77,10 +77,16 @@ def test_value_level_operands():
         tcemu.mma(F16, a, b, c, metadata=meta[:, ::-1])
     with pytest.raises(ValueError, match=r"row 0, group 0 is \[1, 1\]; .* distinct"):
         tcemu.mma(F16.replace("::ordered_metadata", ""), a, b, c, metadata=np.ones_like(meta))
-    # mma.sp takes unsorted pairs: element 2c lands on the first index (measured on the H100)
-    swapped = np.asarray(tcemu.mma(F16.replace("::ordered_metadata", ""), a, np.arange(128, dtype=np.float16).reshape(16, 8),
-                                   c, metadata=meta[:, ::-1] * 0 + np.array([1, 0] * 4, np.int8)))
-    assert swapped[0, 0] == sum(8 * (4 * g + i) for g in range(4) for i in (0, 1))
+    # mma.sp takes unsorted pairs: element 2c lands on the first index, 2c + 1 on the second
+    # (measured on the H100: tests/test_mma_sp_hw.py)
+    av = np.arange(1, 9, dtype=np.float16)[None, :].repeat(16, 0)
+    bv = np.arange(128, dtype=np.float16).reshape(16, 8)
+    d = tcemu.mma(F16.replace("::ordered_metadata", ""), av, bv, c, metadata=np.tile(np.array([1, 0], np.int8), (16, 4)))
+    assert float(d[0, 0]) == sum(av[0, 2 * g] * bv[4 * g + 1, 0] + av[0, 2 * g + 1] * bv[4 * g, 0] for g in range(4))
+    s4 = "mma.sp.sync.aligned.m16n8k64.row.col.s32.s4.s4.s32"
+    with pytest.raises(ValueError, match=r"row 0, group 0 is \[1, 2, 4, 5\]; .* distinct pairs \(2u, 2u \+ 1\)"):
+        tcemu.mma(s4, np.zeros((16, 32), np.int8), np.zeros((64, 8), np.int8), np.zeros((16, 8), np.int32),
+                  metadata=np.tile(np.array([1, 2, 4, 5], np.int8), (16, 8)))
 
 
 def test_sparsify():

@@ -301,7 +301,8 @@ _JITS: dict = {}
 
 def _mma_jit(ins, arch, model):
     # values do not depend on the fragment layouts or the spelling: one compilation for them all
-    key = (dataclasses.replace(ins, spelling="", alayout="row", blayout="col"), arch, model)
+    key = (dataclasses.replace(ins, spelling="", alayout="row", blayout="col",
+                               **({"ordered": False} if isinstance(ins, P.SparseMma) else {})), arch, model)
     if key not in _JITS and isinstance(ins, P.SparseMma):  # SA: the metadata
         _JITS[key] = jax.jit(lambda A, B, C, k, SA, SB: SP.sparse_mma_bits(
             ins, A, B, C, SP.positions(ins, SA), model, arch=arch, key=k))
