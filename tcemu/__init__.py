@@ -15,6 +15,7 @@ kernel choices on your GPU). Whole models:
 """
 from tcemu._src.api import mma, ptx, regfile
 from tcemu._src.isa.sparse import sparsify
+from tcemu._src.isa.wgmma import WgmmaDescriptor, wgmma_descriptor
 from tcemu._src import native as _native  # noqa: F401 (registers the compiled kernels)
 from tcemu._src.gemm import Epilogue, GemmConfig, KSchedule, dot_general, einsum, matmul
 from tcemu._src.identify import NoMatch, identify
@@ -35,4 +36,4 @@ __version__ = "0.1.0"
 
 __all__ = ["Arch", "ArchNumerics", "BlockFMA", "BlockQuantized", "Epilogue", "ErrorCurve", "GemmConfig", "GemmOp", "KSchedule", "NoMatch", "Policy", "ProbeResult", "block_quantize", "dot_general", "einsum",
            "emulate", "error_vs_k", "get_matrix", "identify", "library_config", "library_versions", "matmul", "memory", "mma", "numerics", "probe", "ptx", "put_matrix",
-           "quantize", "record", "regfile", "sparsify"]
+           "quantize", "record", "regfile", "sparsify", "WgmmaDescriptor", "wgmma_descriptor"]

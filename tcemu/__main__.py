@@ -91,6 +91,19 @@ def _arch(text: str) -> str:
     return text
 
 
+def _descriptor(text: str) -> int:
+    """An argparse type: a 64-bit wgmma descriptor, hexadecimal (0x...) or decimal."""
+    try:
+        v = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer (write a descriptor as 0x... or decimal)") from None
+    try:
+        tcemu.WgmmaDescriptor.decode(v)
+    except (ValueError, TypeError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return v
+
+
 def _png(text: str) -> str:
     """An argparse type: a writable path ending in .png."""
     if not text.lower().endswith(".png"):
@@ -204,36 +217,23 @@ def _progress(i, n, what):
 
 
 def layout(args):
+    from tcemu._src import draw
+
+    smem = args.desc is not None or args.tnsp
     with _bad_argument(args.parser):
         f = tcemu.ptx(args.spelling, arch=args.arch)
-    frag = getattr(f, "fragment", None)
-    if frag is not None and args.matrix is not None:
-        args.parser.error(f"--matrix picks an operand of an MMA spelling; {args.spelling!r} has one fragment")
-    matrix = args.matrix or "a"
-    if frag is None:
-        frag = dict(zip("abcd", (f.fa, f.fb, f.fc, f.fd)))[matrix]
-    title = f"{args.spelling}" + (f" [{matrix}]" if not hasattr(f, "fragment") else "") + f" on {f.arch}"
-    print(f"{title}: {frag.rows} x {frag.cols}, {frag.nregs} registers/lane, "
-          f"{frag.copies} cop{'y' if frag.copies == 1 else 'ies'} of each element ({frag.source})")
-    if args.png:
-        from tcemu._src.draw import draw_fragment
-
-        try:
-            with _writing(args.parser, args.png):
-                draw_fragment(frag, title=title, path=args.png)
-        except ImportError as e:  # no matplotlib
-            args.parser.error(str(e))
-        print(f"wrote {args.png}")
+        view, title, header = draw.smem_view(f, args.desc, args.matrix, args.tnsp) if smem else draw.fragment_view(
+            f, args.matrix)
+    print(header)
+    if not args.png:
+        print(draw.address_text(view) if smem else draw.fragment_text(view))
         return 0
-    from tcemu._src.draw import holders
-
-    cells = holders(frag)
-    per = frag.per_reg
-    text = {k: f"T{v[0][0]}:x{v[0][1]}" + (f".{v[0][2]}" if per > 1 else "") for k, v in cells.items()}
-    width = max(len(t) for t in text.values()) + 1
-    print(" " * 4 + "".join(f"{c:>{width}d}" for c in range(frag.cols)))
-    for r in range(frag.rows):
-        print(f"{r:3d} " + "".join(f"{text[(r, c)]:>{width}s}" for c in range(frag.cols)))
+    try:
+        with _writing(args.parser, args.png):
+            (draw.draw_smem if smem else draw.draw_fragment)(view, title=title, path=args.png)
+    except ImportError as e:  # no matplotlib
+        args.parser.error(str(e))
+    print(f"wrote {args.png}")
     return 0
 
 
@@ -366,7 +366,11 @@ def main(argv=None):
     lay = sub.add_parser("layout", help="print which lane/register holds each element of a fragment")
     lay.add_argument("spelling", help="a wmma.load/store, ldmatrix/stmatrix or mma.sync/wmma.mma spelling")
     lay.add_argument("--arch", type=_arch, default="sm_90", help="GPU name or sm_XX (default sm_90)")
-    lay.add_argument("--matrix", choices="abcd", help="operand of an MMA spelling (default a); MMAs only")
+    lay.add_argument("--matrix", choices="abcd", help="operand of an MMA spelling (default a; with --desc b); MMAs only")
+    lay.add_argument("--desc", type=_descriptor,
+                     help="wgmma: a 64-bit shared-memory matrix descriptor (0x... or decimal): print the byte "
+                          "address feeding each element of --matrix a or b (default b)")
+    lay.add_argument("--tnsp", action="store_true", help="wgmma with --desc: the f16/bf16 operand is MN-major")
     lay.add_argument("--png", type=_png, help="draw the layout into this .png file (needs matplotlib)")
     pr = sub.add_parser("probe", help="feature tests of an MMA: alignment bits, block size, rounding, ...")
     pr.add_argument("--arch", type=_arch, default="H100", help="GPU name or sm_XX whose preset is probed / compared")

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+import tcemu
 from tcemu.__main__ import main
 
 
@@ -24,6 +25,22 @@ def test_layout_png(tmp_path, spelling, matrix):
     png = tmp_path / "layout.png"
     assert main(["layout", spelling, "--png", str(png)] + (["--matrix", matrix] if matrix else [])) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_layout_wgmma_descriptor(capsys, tmp_path):
+    """B of m64n8k16 f16 through a 128B-swizzled K-major descriptor at 1024: row k of B is byte
+    2 k of each N row; N row n starts at 1024 + 128 n, its 16-byte units XORed with n."""
+    sp = "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16"
+    desc = tcemu.wgmma_descriptor(start=1024, lbo=16, sbo=1024, swizzle="128B")
+    assert main(["layout", sp, "--desc", hex(desc)]) == 0
+    rows = [ln.split() for ln in capsys.readouterr().out.splitlines()[3:]]
+    want = [[1024 + 128 * n + (((k * 2 // 16) ^ n) * 16) + (k * 2) % 16 for n in range(8)] for k in range(16)]
+    assert [[int(x) for x in r[1:]] for r in rows] == want
+    png = tmp_path / "smem.png"
+    assert main(["layout", sp, "--desc", str(desc), "--tnsp", "--png", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["layout", sp, "--matrix", "d"]) == 0
+    assert "64 x 8, 4 registers/lane" in capsys.readouterr().out
 
 
 def test_demo_runs_and_reports_errors(tmp_path):

@@ -273,10 +273,10 @@ def test_einsum_bad_subscripts(subscripts, shapes):
     _run(lambda: tcemu.einsum(subscripts, *(jnp.ones(s) for s in shapes)), ["subscripts"])
 
 
-@pytest.mark.parametrize("spelling", ["wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16",
-                                      "ldmatrix.sync.aligned.m16n16.x1.trans.shared.b8"])
-def test_instructions_without_register_level_raise_value_error(spelling):
-    _run(lambda: tcemu.ptx(spelling, arch="sm_100" if "m16n16" in spelling else "sm_90"), ["register"])
+@pytest.mark.parametrize("spelling,words", [("tcgen05.mma.cta_group::1.kind::f16", ["value level"]),
+                                            ("ldmatrix.sync.aligned.m16n16.x1.trans.shared.b8", ["register"])])
+def test_instructions_without_register_level_raise_value_error(spelling, words):
+    _run(lambda: tcemu.ptx(spelling, arch="sm_100"), words)
 
 
 @pytest.mark.parametrize("dtype", ["float99", 3.5, object()])

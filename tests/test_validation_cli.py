@@ -21,6 +21,7 @@ from tcemu._src.studies import fp32_chain_error
 F16_MMA = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
 BF16_MMA = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
 LOAD_A = "wmma.load.a.sync.aligned.row.m16n16k16.f16"
+WGMMA = "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3"
 
 
 def _one_line_error(err: str) -> str:
@@ -45,7 +46,13 @@ BAD_ARGV = [  # (argv, part of the message); {tmp} is a fresh directory
     (["layout", ""], "empty PTX spelling"),
     (["layout", F16_MMA, "--matrix", "z"], "invalid choice: 'z'"),
     (["layout", LOAD_A, "--matrix", "b"], "--matrix picks an operand of an MMA"),
-    (["layout", "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3"], "not available"),
+    (["layout", WGMMA, "--matrix", "b"], "in shared memory: pass --desc"),
+    (["layout", WGMMA, "--desc", "0x1g"], "is not an integer"),
+    (["layout", WGMMA, "--desc", str(1 << 14)], "lie outside its fields"),
+    (["layout", WGMMA, "--desc", "0", "--tnsp"], "only f16/bf16 operands can be MN-major"),
+    (["layout", WGMMA, "--desc", "0", "--matrix", "d"], "only A and B are read through a descriptor"),
+    (["layout", F16_MMA, "--desc", "0"], "--desc and --tnsp are for wgmma.mma_async"),
+    (["layout", "wgmma.fence.sync.aligned"], "has no fragment to draw"),
     (["layout"], "required: spelling"),
     (["probe", "--arch", "sm_99"], "unknown arch 'sm_99'"),
     (["probe", "--arch", "H1000"], "did you mean"),

@@ -12,6 +12,7 @@ from tcemu._src.arch import resolve
 from tcemu._src.checks import check_key
 from tcemu._src.isa import parse as P
 from tcemu._src.isa import sparse as SP
+from tcemu._src.isa import wgmma as WG
 from tcemu._src.isa import wmma as W
 from tcemu._src.isa.targets import check_arch
 from tcemu._src.numerics import engine
@@ -19,8 +20,9 @@ from tcemu._src.numerics import mma as mma_numerics
 from tcemu._src.numerics.presets import check_model
 
 
-def regfile(nregs: int):
-    """A warp's register file: zeros of shape ``(32, nregs)``, ``uint32``.
+def regfile(nregs: int, lanes: int = 32):
+    """A warp's register file: zeros of shape ``(32, nregs)``, ``uint32``; ``lanes=128`` gives a
+    Hopper warpgroup's (``wgmma``), lane ``32 w + l`` being lane ``l`` of warp ``w``.
 
     >>> import numpy as np, tcemu
     >>> regs = tcemu.regfile(8)
@@ -37,7 +39,9 @@ def regfile(nregs: int):
         raise TypeError(f"regfile: nregs must be an integer, got {nregs!r} ({type(nregs).__name__})")
     if nregs < 1:
         raise ValueError(f"regfile: nregs must be >= 1, got {nregs}")
-    return jnp.zeros((32, int(nregs)), jnp.uint32)
+    if lanes not in (32, 128) or isinstance(lanes, bool):
+        raise ValueError(f"regfile: lanes must be 32 (a warp) or 128 (a warpgroup), got {lanes!r}")
+    return jnp.zeros((int(lanes), int(nregs)), jnp.uint32)
 
 
 def ptx(spelling: str, arch="sm_90", *, model=None):
@@ -57,8 +61,12 @@ def ptx(spelling: str, arch="sm_90", *, model=None):
     if isinstance(ins, P.Tcgen05):
         raise P.Unsupported(f"{spelling!r}: tcgen05.mma works on tensor memory and shared-memory descriptors; "
                             "tcemu emulates it at value level only: use tcemu.mma")
-    if isinstance(ins, P.Mma):  # the architecture first, before what tcemu emulates of it
+    if isinstance(ins, (P.Mma, P.WgmmaSync)):  # the architecture first, before what tcemu emulates of it
         check_arch(ins, a)
+    if isinstance(ins, P.WgmmaSync):
+        if model is not None:
+            raise ValueError(f"{spelling!r}: model= applies to floating-point MMAs only")
+        return WG.WgmmaSyncRegs(ins, a)
     _check_model(ins, model)
     if isinstance(ins, P.WmmaLoad):
         return W.WmmaLoad_(ins, a)
@@ -75,8 +83,7 @@ def ptx(spelling: str, arch="sm_90", *, model=None):
     if ins.kind == "mma":
         cls = W.MmaBlockScaleRegs if ins.scale_vec else W.MmaRegs
         return cls(ins, a, W.mma_sync_fragments(ins), model)
-    raise P.Unsupported(f"{spelling!r}: the register-level {ins.kind} instruction is not "
-                        "available yet; use tcemu.mma for its value-level numerics")
+    return WG.WgmmaRegs(ins, a, model)
 
 
 def _check_model(ins, model):

@@ -31,12 +31,75 @@ def holders(frag: Fragment):
     """For every (row, col): the list of (lane, register, slot) holding it, first holder first."""
     cells: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
     per = max(frag.per_reg, 1)
-    for lane in range(32):
+    for lane in range(frag.lanes):
         for v in range(frag.nvalues):
             r, c = (int(x) for x in frag.coords[lane, v])
             reg, slot = (v // per, v % per) if frag.bits <= 32 else (2 * v, 0)
             cells.setdefault((r, c), []).append((lane, reg, slot))
     return cells
+
+
+def fragment_view(f, matrix=None):
+    """(fragment, title, header line) that ``python -m tcemu layout`` shows of instruction ``f``
+    (what ``tcemu.ptx`` returns) and operand ``matrix`` ("a".."d" of an MMA; default "a")."""
+    frag = getattr(f, "fragment", None)
+    if frag is None and not hasattr(f, "fa"):
+        raise ValueError(f"{f.spelling!r} moves no data: it has no fragment to draw")
+    if frag is not None and matrix is not None:
+        raise ValueError(f"--matrix picks an operand of an MMA spelling; {f.spelling!r} has one fragment")
+    if frag is None:
+        matrix = matrix or "a"
+        frags = {"a": f.fa, "d": f.fd} if not hasattr(f, "fb") else dict(zip("abcd", (f.fa, f.fb, f.fc, f.fd)))
+        if matrix not in frags:
+            raise ValueError(f"--matrix {matrix}: wgmma holds A (from registers) and C/D in registers; B, or A "
+                             "read through a descriptor, is in shared memory: pass --desc DESCRIPTOR")
+        frag = frags[matrix]
+    title = f"{f.spelling}" + (f" [{matrix}]" if matrix else "") + f" on {f.arch}"
+    return frag, title, (f"{title}: {frag.rows} x {frag.cols}, {frag.nregs} registers/lane, {frag.copies} "
+                         f"cop{'y' if frag.copies == 1 else 'ies'} of each element ({frag.source})")
+
+
+def smem_view(f, desc, matrix=None, tnsp=False):
+    """(addresses, title, header): the shared-memory byte address of each element of operand ``matrix``
+    ("a" or "b", default "b") of the wgmma ``f`` read through descriptor ``desc``, as A (64, K)
+    or B (K, N)."""
+    from tcemu._src.isa.wgmma import WgmmaDescriptor, WgmmaRegs
+
+    if not isinstance(f, WgmmaRegs):
+        raise ValueError("--desc and --tnsp are for wgmma.mma_async spellings (operands in shared memory)")
+    matrix = matrix or "b"
+    if matrix not in ("a", "b"):
+        raise ValueError(f"--matrix {matrix}: only A and B are read through a descriptor")
+    ins = f.ins
+    etype = ins.atype if matrix == "a" else ins.btype
+    if tnsp and etype not in ("f16", "bf16"):
+        raise ValueError(f"--tnsp: only f16/bf16 operands can be MN-major, not .{etype}")
+    d = WgmmaDescriptor.decode(desc)
+    addr = d.addresses(64 if matrix == "a" else ins.n, ins.k, 256 // ins.k, bool(tnsp))  # K: 32 bytes
+    title = (f"{f.spelling} [{matrix}] from shared memory, {'MN' if tnsp else 'K'}-major: start {d.start}, "
+             f"LBO {d.lbo}, SBO {d.sbo}, swizzle {d.swizzle}, base offset {d.base_offset}")
+    addr = addr if matrix == "a" else addr.T
+    return addr, title, f"{title}\nbyte address of each element ({addr.shape[0]} x {addr.shape[1]}; b1: of its byte)"
+
+
+def _table(rows, cols, text) -> str:
+    width = max(len(t) for t in text.values()) + 1
+    out = [" " * 4 + "".join(f"{c:>{width}d}" for c in range(cols))]
+    out += [f"{r:3d} " + "".join(f"{text[(r, c)]:>{width}s}" for c in range(cols)) for r in range(rows)]
+    return "\n".join(out)
+
+
+def fragment_text(frag: Fragment) -> str:
+    """The fragment as a table: T<lane>:x<register>[.<slot>] of the first holder of each element."""
+    per = frag.per_reg
+    text = {k: f"T{v[0][0]}:x{v[0][1]}" + (f".{v[0][2]}" if per > 1 else "") for k, v in holders(frag).items()}
+    return _table(frag.rows, frag.cols, text)
+
+
+def address_text(addr) -> str:
+    """A table of byte addresses (rows, cols)."""
+    addr = np.asarray(addr)
+    return _table(*addr.shape, {(r, c): str(int(addr[r, c])) for r in range(addr.shape[0]) for c in range(addr.shape[1])})
 
 
 def draw_fragment(frag: Fragment, title: str = "", path=None):
@@ -68,6 +131,32 @@ def draw_fragment(frag: Fragment, title: str = "", path=None):
     ax.set_xlabel("column")
     ax.set_ylabel("row")
     ax.set_title(title or f"{frag.rows}x{frag.cols} fragment, {frag.nregs} registers/lane")
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig
+
+
+def draw_smem(addr, title: str = "", path=None):
+    """A wgmma operand read from shared memory: every element labelled with its byte address and
+    coloured by its 16-byte unit within the 128-byte line (``(address >> 4) % 8``: the unit a
+    swizzle permutes). ``addr``: (rows, cols) integer addresses. Returns the matplotlib figure."""
+    addr = np.asarray(addr)
+    if addr.ndim != 2 or not np.issubdtype(addr.dtype, np.integer):
+        raise TypeError(f"addr must be a 2-D integer array of byte addresses, got {addr.dtype} {addr.shape}")
+    plt = _plt()
+    rows, cols = addr.shape
+    fig, ax = plt.subplots(figsize=(min(0.62 * cols + 1.5, 60), min(0.42 * rows + 1.5, 40)))
+    cmap = plt.get_cmap("tab10")
+    img = np.array([[cmap(int(u))[:3] for u in row] for row in (addr >> 4) % 8])
+    ax.imshow(img * 0.55 + 0.45, aspect="auto", interpolation="nearest")
+    fs = max(3, min(8, 240 // max(cols, 1)))
+    for r in range(rows):
+        for c in range(cols):
+            ax.text(c, r, str(int(addr[r, c])), ha="center", va="center", fontsize=fs)
+    ax.set_xlabel("column")
+    ax.set_ylabel("row")
+    ax.set_title(title or "shared-memory byte address of each element", fontsize=8)
     fig.tight_layout()
     if path is not None:
         fig.savefig(path, dpi=110)

@@ -49,8 +49,37 @@ def _first_holders(frag: Fragment):
     return lane.reshape(frag.rows, frag.cols), v.reshape(frag.rows, frag.cols)
 
 
+@functools.lru_cache(maxsize=None)
+def _transpose_plan(frag: Fragment):
+    """When every lane and value basis of ``frag`` is a distinct power of two in the row or the
+    column (no copies), moving between registers and the matrix is a transpose: the (lanes,
+    values) array, values padded to the span of their bases, seen as one axis of length 2 per
+    index bit, permuted to the row bits then the column bits. Returns (permutation, padded rows,
+    padded columns), or None for the other fragments."""
+    bases = list(frag.value_bases) + list(frag.lane_bases)  # index bit i of lane * V + value
+    rows, cols = [], []
+    for i, (r, c) in enumerate(bases):
+        if (r == 0) == (c == 0) or (r | c) & ((r | c) - 1):
+            return None
+        (rows if r else cols).append((r or c, i))
+    for axis in (rows, cols):
+        if sorted(v for v, _ in axis) != [1 << j for j in range(len(axis))]:
+            return None
+    n = len(bases)
+    order = [i for _, i in sorted(rows, reverse=True)] + [i for _, i in sorted(cols, reverse=True)]
+    return tuple(n - 1 - i for i in order), 1 << len(rows), 1 << len(cols)
+
+
 def fragment_to_matrix(words, frag: Fragment):
-    """(32, nregs) uint32 fragment registers -> (rows, cols) element bits (uint32, or (lo, hi))."""
+    """(lanes, nregs) uint32 fragment registers -> (rows, cols) element bits (uint32, or (lo, hi))."""
+    plan = _transpose_plan(frag) if frag.bits <= 32 else None
+    if plan is not None:
+        perm, R, C = plan
+        vals = unpack_values(words, frag)
+        span = 1 << len(frag.value_bases)
+        if span > frag.nvalues:
+            vals = jnp.pad(vals, ((0, 0), (0, span - frag.nvalues)))
+        return vals.reshape((2,) * len(perm)).transpose(perm).reshape(R, C)[:frag.rows, :frag.cols]
     lane, v = _first_holders(frag)
     if frag.bits == 64:
         return words[lane, 2 * v], words[lane, 2 * v + 1]
@@ -60,7 +89,13 @@ def fragment_to_matrix(words, frag: Fragment):
 
 
 def matrix_to_fragment(vals, frag: Fragment):
-    """(rows, cols) element bits (uint32, or (lo, hi) for 64-bit) -> (32, nregs) registers."""
+    """(rows, cols) element bits (uint32, or (lo, hi) for 64-bit) -> (lanes, nregs) registers."""
+    plan = _transpose_plan(frag) if frag.bits <= 32 else None
+    if plan is not None:
+        perm, R, C = plan
+        x = jnp.pad(jnp.asarray(vals), ((0, R - frag.rows), (0, C - frag.cols)))
+        x = x.reshape((2,) * len(perm)).transpose(np.argsort(perm)).reshape(frag.lanes, -1)
+        return pack_values(x[:, :frag.nvalues], frag)
     r, c = frag.coords[..., 0], frag.coords[..., 1]
     if frag.bits == 64:
         return pack_values((vals[0][r, c], vals[1][r, c]), frag)
@@ -68,11 +103,11 @@ def matrix_to_fragment(vals, frag: Fragment):
 
 
 def pack_values(vals, frag: Fragment):
-    """(32, nvalues) element bits (or a (lo, hi) pair for 64-bit) -> (32, nregs) registers."""
+    """(lanes, nvalues) element bits (or a (lo, hi) pair for 64-bit) -> (lanes, nregs) registers."""
     if frag.bits == 64:
-        return jnp.stack(vals, -1).reshape(32, frag.nregs)
+        return jnp.stack(vals, -1).reshape(frag.lanes, frag.nregs)
     per = frag.per_reg
-    v = vals.reshape(32, frag.nregs, per).astype(_U32)
+    v = vals.reshape(frag.lanes, frag.nregs, per).astype(_U32)
     if frag.bits < 32:
         v = v & _U32((1 << frag.bits) - 1)
     shifts = jnp.asarray(np.arange(per, dtype=np.uint32) * frag.bits)
@@ -80,13 +115,13 @@ def pack_values(vals, frag: Fragment):
 
 
 def unpack_values(words, frag: Fragment):
-    """(32, nregs) registers -> (32, nvalues) element bits (or a (lo, hi) pair for 64-bit)."""
+    """(lanes, nregs) registers -> (lanes, nvalues) element bits (or a (lo, hi) pair for 64-bit)."""
     if frag.bits == 64:
-        w = words.reshape(32, frag.nvalues, 2)
+        w = words.reshape(frag.lanes, frag.nvalues, 2)
         return w[..., 0], w[..., 1]
     shifts = jnp.asarray(np.arange(frag.per_reg, dtype=np.uint32) * frag.bits)
     v = words[:, :, None] >> shifts
-    return (v & _U32((1 << frag.bits) - 1) if frag.bits < 32 else v).reshape(32, frag.nvalues)
+    return (v & _U32((1 << frag.bits) - 1) if frag.bits < 32 else v).reshape(frag.lanes, frag.nvalues)
 
 
 @functools.lru_cache(maxsize=None)

@@ -38,6 +38,16 @@ ROUNDINGS = ("rn", "rz", "rm", "rp")
 
 
 @dataclasses.dataclass(frozen=True)
+class WgmmaSync:
+    """``wgmma.fence`` / ``wgmma.commit_group`` / ``wgmma.wait_group``: ordering of asynchronous
+    wgmma operations, no data (``op`` is "fence", "commit_group" or "wait_group")."""
+
+    spelling: str
+    op: str
+    kind: str = "wgmma"
+
+
+@dataclasses.dataclass(frozen=True)
 class WmmaLoad:
     spelling: str
     matrix: str  # "a" | "b" | "c"

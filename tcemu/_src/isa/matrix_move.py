@@ -21,7 +21,7 @@ from tcemu._src import memory as memmod
 from tcemu._src.arch import Arch
 from tcemu._src.isa.fragments import pack_values, unpack_values
 from tcemu._src.isa.instructions import MatrixMove, Unsupported
-from tcemu._src.isa.registers import Instruction, check_regs, register_indices
+from tcemu._src.isa.registers import Instruction, check_regs, read_regs, register_indices, write_regs
 from tcemu._src.layouts.fragment import Fragment
 from tcemu._src.layouts.mma import MATRIX_MOVE
 
@@ -61,11 +61,11 @@ class MatrixMove_(Instruction):
     def _ld(self, regs, mem, addrs, regidx):
         rows, cols = self._rows_cols(addrs)
         vals = memmod.read(mem, rows, 0, cols, 0, self.bits)
-        return regs.at[:, list(regidx)].set(pack_values(vals, self.fragment))
+        return write_regs(regs, regidx, pack_values(vals, self.fragment))
 
     def _st(self, mem, regs, addrs, regidx):
         rows, cols = self._rows_cols(addrs)
-        vals = unpack_values(regs[:, list(regidx)], self.fragment)
+        vals = unpack_values(read_regs(regs, regidx), self.fragment)
         return memmod.write(mem, rows, 0, cols, 0, vals, self.bits)
 
     def _check(self, regs, mem, idx, addrs):

@@ -14,7 +14,7 @@ from tcemu._src.formats import ELEMENT_BITS
 from tcemu._src.isa.fragments import fragment_to_matrix, matrix_to_fragment
 from tcemu._src.isa.instructions import Mma
 from tcemu._src.isa.targets import check_arch
-from tcemu._src.isa.registers import Instruction, check_regs, register_index, register_indices
+from tcemu._src.isa.registers import Instruction, check_regs, read_regs, register_index, register_indices, write_regs
 from tcemu._src.numerics import mma as mma_numerics
 from tcemu._src.checks import check_key
 
@@ -66,9 +66,9 @@ class MmaRegs(Instruction):
     def _mma(self, regs, key, d, a, b, c, scales=None):
         ins = self.ins
         packed = self.fa.bits == 4 and ins.atype == "e2m1"
-        A = _to_numeric(fragment_to_matrix(regs[:, list(a)], self.fa), ins.atype, packed)
-        B = _to_numeric(fragment_to_matrix(regs[:, list(b)], self.fb), ins.btype, packed)
-        C = _to_numeric(fragment_to_matrix(regs[:, list(c)], self.fc), ins.ctype)
+        A = _to_numeric(fragment_to_matrix(read_regs(regs, a), self.fa), ins.atype, packed)
+        B = _to_numeric(fragment_to_matrix(read_regs(regs, b), self.fb), ins.btype, packed)
+        C = _to_numeric(fragment_to_matrix(read_regs(regs, c), self.fc), ins.ctype)
         if self.fa.rows == 4 * ins.m:  # m8n8k4 .f16: four independent quad-pair MMAs, stacked
             A = A.reshape(4, ins.m, ins.k)
             B = jnp.moveaxis(B.reshape(ins.k, 4, ins.n), 1, 0)
@@ -77,7 +77,7 @@ class MmaRegs(Instruction):
         D = mma_numerics.mma_bits(ins, A, B, C, self.model, arch=self.arch, key=key, scale_a=sa, scale_b=sb,
                                   over_devices=True)
         D = D.reshape(self.fd.rows, self.fd.cols)
-        return regs.at[:, list(d)].set(matrix_to_fragment(_from_numeric(D, ins.dtype), self.fd))
+        return write_regs(regs, d, matrix_to_fragment(_from_numeric(D, ins.dtype), self.fd))
 
     def _checked(self, regs, key, d, a, b, c):
         """(regs, key, fragment register indices) validated."""

@@ -10,7 +10,7 @@ import re
 
 from tcemu._src.isa import wmma_spec as S
 from tcemu._src.isa.instructions import (BLACKWELL_KINDS, F8F6F4, LAYOUTS, MMA_SYNC_FORMS, ROUNDINGS, SCALE_TYPES,
-                                         TCGEN05_KINDS, TYPES, Mma, Tcgen05, Unsupported)
+                                         TCGEN05_KINDS, TYPES, Mma, Tcgen05, Unsupported, WgmmaSync)
 from tcemu._src.isa.qualifiers import SCALE_VECS, Quals, check_sync, mnk, parse_scale_vec, split
 
 
@@ -115,11 +115,20 @@ def _blackwell_mma_sync(s: str, q: Quals, shape: str, lays, kind: str, types) ->
     return Mma(s, "mma", shape, m, n, k, d, a, b, c, "row", "col", ptx_kind=kind, stype=st, scale_vec=nvec)
 
 
+# wgmma.mma_async N: 8..256 step 8 for floating-point inputs; 8, 16, 24 and multiples of 16 for
+# integer and single-bit inputs (PTX ISA 9.7.15.5.2; ptxas 13.0 rejects m64n40k32.s32.s8.s8)
+WGMMA_K = {"f16": 16, "bf16": 16, "tf32": 8, "e4m3": 32, "e5m2": 32, "s8": 32, "u8": 32, "b1": 256}
+WGMMA_INT_N = (8, 16, 24) + tuple(range(32, 257, 16))
+
+
 def parse_wgmma(spelling: str) -> Mma:
-    """Dense ``wgmma.mma_async.sync.aligned.m64nNkK.dtype.atype.btype`` (value level)."""
+    """Dense ``wgmma.mma_async.sync.aligned.m64nNkK[.satfinite].dtype.atype.btype[.and.popc]``."""
     s, toks = split(spelling, "wgmma.mma_async")
+    op = None
+    if len(toks) >= 2 and toks[-2:] == ["and", "popc"]:
+        op, toks = "and", toks[:-2]
     q = Quals(s, [t for t in toks if not re.fullmatch(r"m64n\d+k\d+", t)],
-              {"sync": ("sync",), "aligned": ("aligned",), "type": TYPES})
+              {"sync": ("sync",), "aligned": ("aligned",), "sat": ("satfinite",), "type": TYPES})
     check_sync(s, q)
     shapes = [t for t in toks if re.fullmatch(r"m64n\d+k\d+", t)]
     if len(shapes) != 1:
@@ -129,17 +138,40 @@ def parse_wgmma(spelling: str) -> Mma:
     if len(types) != 3:
         raise ValueError(f"{spelling!r}: wgmma needs .dtype.atype.btype")
     d, a, b = types
-    want_k = {"f16": 16, "bf16": 16, "tf32": 8, "e4m3": 32, "e5m2": 32}
-    if a not in want_k or (a in ("e4m3", "e5m2")) != (b in ("e4m3", "e5m2")) or (
-            a not in ("e4m3", "e5m2") and a != b):
-        raise ValueError(f"{spelling!r}: unsupported wgmma types .{d}.{a}.{b}; valid atype/btype: "
-                         "f16, bf16, tf32, e4m3/e5m2 (any mix)")
-    if k != want_k[a] or n % 8 or not 8 <= n <= 256:
-        raise ValueError(f"{spelling!r}: .m64n{n}k{k} is not a wgmma shape for .{a} "
-                         f"(N = 8..256 step 8, K = {want_k[a]})")
-    if d not in ("f32", "f16") or (d == "f16" and a in ("bf16", "tf32")):
-        raise ValueError(f"{spelling!r}: .{d} accumulators are not valid with .{a}")
-    return Mma(s, "wgmma", shapes[0], m, n, k, d, a, b, d)
+    fp8, ints = ("e4m3", "e5m2"), ("s8", "u8")
+    if a not in WGMMA_K or not ((a in fp8 and b in fp8) or (a in ints and b in ints) or (a == b and a not in fp8 + ints)):
+        raise ValueError(f"{spelling!r}: unsupported wgmma types .{d}.{a}.{b}; valid atype/btype: f16, bf16, "
+                         "tf32, e4m3/e5m2 (any mix), s8/u8 (any mix), b1")
+    integer = a in ints or a == "b1"
+    valid_n = WGMMA_INT_N if integer else tuple(range(8, 257, 8))
+    if k != WGMMA_K[a] or n not in valid_n:
+        raise ValueError(f"{spelling!r}: .m64n{n}k{k} is not a wgmma shape for .{a} (K = {WGMMA_K[a]}, N = "
+                         + ("8, 16, 24 or a multiple of 16 up to 256)" if integer else "8..256 step 8)"))
+    want_d = ("s32",) if integer else ("f32",) if a in ("bf16", "tf32") else ("f32", "f16")
+    if d not in want_d:
+        raise ValueError(f"{spelling!r}: .{d} accumulators are not valid with .{a}; valid: {', '.join(want_d)}")
+    if (a == "b1") != (op is not None):
+        raise ValueError(f"{spelling!r}: .b1 wgmma needs .and.popc after the types, and only .b1 takes it")
+    sat = bool(q.found["sat"])
+    if sat and a not in ints:
+        raise ValueError(f"{spelling!r}: .satfinite is valid only with .s8/.u8 inputs")
+    return Mma(s, "wgmma", shapes[0], m, n, k, d, a, b, d, satfinite=sat, op=op)
+
+
+WGMMA_SYNC = ("fence", "commit_group", "wait_group")
+
+
+def parse_wgmma_sync(spelling: str) -> WgmmaSync:
+    """``wgmma.fence.sync.aligned``, ``wgmma.commit_group.sync.aligned``,
+    ``wgmma.wait_group.sync.aligned`` (ordering only)."""
+    s, toks = split(spelling, "wgmma")
+    if not toks or toks[0] not in WGMMA_SYNC:
+        raise ValueError(f"{spelling!r}: unsupported wgmma instruction; valid: wgmma.mma_async, "
+                         + ", ".join(f"wgmma.{o}" for o in WGMMA_SYNC))
+    q = Quals(s, toks[1:], {"sync": ("sync",), "aligned": ("aligned",)})
+    if not q.found["sync"] or not q.found["aligned"]:
+        raise ValueError(f"{spelling!r}: wgmma.{toks[0]} needs .sync.aligned")
+    return WgmmaSync(s, toks[0])
 
 
 def parse_tcgen05(spelling: str) -> Tcgen05:

@@ -43,15 +43,34 @@ def register_indices(spelling, name, idx, n, nregs):
     return tuple(t)
 
 
-def check_regs(spelling, regs):
-    """``regs`` as a (32, nregs) uint32 JAX array, or a clear error naming it."""
+def read_regs(regs, idx: tuple[int, ...]):
+    """``regs[:, idx]``: a slice when the indices are consecutive (no gather)."""
+    if idx == tuple(range(idx[0], idx[0] + len(idx))):
+        return regs[:, idx[0]:idx[0] + len(idx)]
+    return regs[:, list(idx)]
+
+
+def write_regs(regs, idx: tuple[int, ...], values):
+    """``regs`` with ``regs[:, idx] = values``: an update of a slice when the indices are
+    consecutive (no scatter)."""
+    if idx == tuple(range(idx[0], idx[0] + len(idx))):
+        a, b = idx[0], idx[0] + len(idx)
+        return jnp.concatenate([regs[:, :a], jnp.asarray(values, regs.dtype), regs[:, b:]], axis=1)
+    return regs.at[:, list(idx)].set(values)
+
+
+def check_regs(spelling, regs, lanes: int = 32):
+    """``regs`` as a (lanes, nregs) uint32 JAX array (32: a warp, 128: a warpgroup), or a clear
+    error naming it."""
+    what = "warps" if lanes == 32 else "warpgroups"
+    make = "tcemu.regfile" if lanes == 32 else "tcemu.regfile(nregs, lanes=128)"
     if not isinstance(regs, (jax.Array, np.ndarray)):
-        raise TypeError(f"{spelling}: regs must be a (32, nregs) uint32 array (tcemu.regfile), "
+        raise TypeError(f"{spelling}: regs must be a ({lanes}, nregs) uint32 array ({make}), "
                         f"got {type(regs).__name__}")
     if regs.dtype != np.uint32:
-        raise TypeError(f"{spelling}: regs must be uint32 (tcemu.regfile), got dtype {regs.dtype}")
-    if regs.ndim != 2 or regs.shape[0] != 32 or regs.shape[1] < 1:
-        raise ValueError(f"{spelling}: regs must have shape (32, nregs) (use jax.vmap for many warps), "
+        raise TypeError(f"{spelling}: regs must be uint32 ({make}), got dtype {regs.dtype}")
+    if regs.ndim != 2 or regs.shape[0] != lanes or regs.shape[1] < 1:
+        raise ValueError(f"{spelling}: regs must have shape ({lanes}, nregs) (use jax.vmap for many {what}), "
                          f"got {tuple(regs.shape)}")
     return jnp.asarray(regs)
 

@@ -26,7 +26,7 @@ from tcemu._src.isa.fragments import fragment_to_matrix, matrix_to_fragment
 from tcemu._src.isa.instructions import Mma
 from tcemu._src.isa.mma_regs import MmaRegs, _from_numeric, _to_numeric
 from tcemu._src.isa.qualifiers import Quals, check_sync, mnk, split
-from tcemu._src.isa.registers import register_index, register_indices
+from tcemu._src.isa.registers import read_regs, register_index, register_indices, write_regs
 from tcemu._src.layouts import sparse as L
 from tcemu._src.layouts.fragment import Fragment
 from tcemu._src.layouts.mma import MMA
@@ -167,12 +167,12 @@ class MmaSpRegs(MmaRegs):
 
     def _sparse(self, regs, key, d, a, b, c, e, f):
         ins = self.ins
-        A = _to_numeric(fragment_to_matrix(regs[:, list(a)], self.fa), ins.atype)
-        B = _to_numeric(fragment_to_matrix(regs[:, list(b)], self.fb), ins.btype)
-        C = _to_numeric(fragment_to_matrix(regs[:, list(c)], self.fc), ins.ctype)
+        A = _to_numeric(fragment_to_matrix(read_regs(regs, a), self.fa), ins.atype)
+        B = _to_numeric(fragment_to_matrix(read_regs(regs, b), self.fb), ins.btype)
+        C = _to_numeric(fragment_to_matrix(read_regs(regs, c), self.fc), ins.ctype)
         pos = register_positions(ins, regs[:, e], f)
         D = sparse_mma_bits(ins, A, B, C, pos, self.model, arch=self.arch, key=key)
-        return regs.at[:, list(d)].set(matrix_to_fragment(_from_numeric(D, ins.dtype), self.fd))
+        return write_regs(regs, d, matrix_to_fragment(_from_numeric(D, ins.dtype), self.fd))
 
     def __call__(self, regs, *, d, a, b, c, e, f=0, key=None):
         regs, key, args = self._checked(regs, key, d, a, b, c)

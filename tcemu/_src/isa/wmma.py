@@ -27,7 +27,7 @@ from tcemu._src.isa.fragments import (
     wmma_mma_fragments)
 from tcemu._src.isa.instructions import WmmaLoad, WmmaStore
 from tcemu._src.isa.mma_regs import MmaBlockScaleRegs, MmaRegs
-from tcemu._src.isa.registers import Instruction, check_regs, register_indices
+from tcemu._src.isa.registers import Instruction, check_regs, read_regs, register_indices, write_regs
 from tcemu._src.isa.targets import check_arch
 
 # the fragments and the register-level MMAs are re-exported: importers take them from isa.wmma
@@ -91,7 +91,7 @@ class WmmaLoad_(_WmmaMemoryOp):
 
     def _load(self, regs, mem, p, stride, dst):
         vals = memmod.read(mem, p, *self._lead_inner(), stride, self.bits)
-        return regs.at[:, list(dst)].set(pack_values(vals, self.fragment))
+        return write_regs(regs, dst, pack_values(vals, self.fragment))
 
     def __call__(self, regs, mem, *, dst, p, stride=None):
         regs = check_regs(self.spelling, regs)
@@ -109,7 +109,7 @@ class WmmaStore_(_WmmaMemoryOp):
         self._impl = jax.jit(self._store, static_argnames=("src",))
 
     def _store(self, mem, regs, p, stride, src):
-        vals = unpack_values(regs[:, list(src)], self.fragment)
+        vals = unpack_values(read_regs(regs, src), self.fragment)
         return memmod.write(mem, p, *self._lead_inner(), stride, vals, self.bits)
 
     def __call__(self, mem, regs, *, src, p, stride=None):
