@@ -11,6 +11,7 @@ from tcemu._src import formats as fm
 from tcemu._src.arch import resolve
 from tcemu._src.checks import check_key
 from tcemu._src.isa import parse as P
+from tcemu._src.isa import sparse as SP
 from tcemu._src.isa import wgmma as WG
 from tcemu._src.isa import wmma as W
 from tcemu._src.isa.targets import check_arch
@@ -75,6 +76,8 @@ def ptx(spelling: str, arch="sm_90", *, model=None):
         from tcemu._src.isa import matrix_move as MM
 
         return (MM.LdMatrix if ins.op == "ld" else MM.StMatrix)(ins, a)
+    if ins.kind == "mma.sp":
+        return SP.MmaSpRegs(ins, a, model)
     if ins.kind == "wmma":
         return W.MmaRegs(ins, a, W.wmma_mma_fragments(a, ins), model)
     if ins.kind == "mma":
@@ -179,7 +182,7 @@ def _bind_tcgen05(t: P.Tcgen05, a, b, c, scale_a):
     return t.bind(types[0], types[1], dtype, int(jnp.shape(a)[-2]), int(jnp.shape(b)[-1]), stype)
 
 
-def mma(spelling: str, a, b, c, *, arch="sm_90", model=None, key=None, scale_a=None, scale_b=None):
+def mma(spelling: str, a, b, c, *, arch="sm_90", model=None, key=None, scale_a=None, scale_b=None, metadata=None):
     """Value-level MMA: ``d = a @ b + c`` with the exact numerics of ``spelling`` on ``arch``.
 
     ``a`` (..., M, K), ``b`` (..., K, N), ``c`` (..., M, N) are typed arrays (float16, bfloat16,
@@ -197,6 +200,10 @@ def mma(spelling: str, a, b, c, *, arch="sm_90", model=None, key=None, scale_a=N
     N): ml_dtypes ``float8_e8m0fnu`` (ue8m0) or ``float8_e4m3fn`` (ue4m3, sign bit ignored), or
     uint8 codes. ``tcgen05.mma.cta_group::1.kind::X`` (sm_100) takes its types, M and N from the
     arrays, as the instruction descriptor would; C (and D) is float32 or float16.
+
+    Sparse ``mma.sp`` / ``mma.sp::ordered_metadata``: ``a`` is the compressed A (..., M, K/2) and
+    ``metadata`` (..., M, K/2) integers give each kept element's column inside its group (of 4;
+    2 for tf32; 8 for s4/u4, kept in pairs); :func:`tcemu.sparsify` makes both from a dense A.
 
     >>> import jax.numpy as jnp, tcemu
     >>> a = jnp.ones((16, 16), jnp.float16); b = jnp.ones((16, 16), jnp.float16)
@@ -222,12 +229,12 @@ def mma(spelling: str, a, b, c, *, arch="sm_90", model=None, key=None, scale_a=N
     check_arch(ins, arch_)
     _check_model(ins, model)
     key = check_key(key, f"{spelling!r}")
-    shapes = {"a": (ins.m, ins.k), "b": (ins.k, ins.n), "c": (ins.m, ins.n)}
-    for name, x in (("a", a), ("b", b), ("c", c)):
+    sparse, shapes = _shapes(ins, spelling, metadata)
+    for name, x in zip(shapes, (a, b, c, metadata)):
         if jnp.ndim(x) < 2 or tuple(jnp.shape(x)[-2:]) != shapes[name]:
             raise ValueError(f"{spelling}: {name} must have shape (..., {shapes[name][0]}, {shapes[name][1]}), "
                              f"got {jnp.shape(x)}")
-    scales = [x for x in (scale_a, scale_b) if x is not None and ins.scale_vec]
+    scales = [x for x in (scale_a, scale_b) if x is not None and ins.scale_vec] + ([metadata] if sparse else [])
     try:
         batch = np.broadcast_shapes(*(jnp.shape(x)[:-2] for x in (a, b, c, *scales)))
     except ValueError:
@@ -245,12 +252,35 @@ def mma(spelling: str, a, b, c, *, arch="sm_90", model=None, key=None, scale_a=N
     A = jnp.broadcast_to(A, batch + A.shape[-2:])
     B = jnp.broadcast_to(B, batch + B.shape[-2:])
     C = jnp.broadcast_to(C, batch + C.shape[-2:])
+    if sparse:
+        SA = jnp.broadcast_to(_metadata(ins, spelling, metadata), batch + shapes["a"])
     D = _mma_jit(ins, arch_, model)(A, B, C, key, SA, SB)
     if ins.dtype == "f64":
         return jax.lax.bitcast_convert_type(D, jnp.float64)
     if ins.dtype == "s32":
         return D.astype(jnp.int32)
     return fm.from_bits(D, ins.dtype)
+
+
+def _shapes(ins, spelling, metadata):
+    """(sparse?, the operand shapes): the a of mma.sp is the compressed A (M, K/2), with metadata."""
+    sparse = isinstance(ins, P.SparseMma)
+    if sparse != (metadata is not None):
+        raise ValueError(f"{spelling}: " + ("mma.sp needs metadata= (..., M, K/2): see tcemu.sparsify" if sparse
+                                            else "metadata= is only for sparse mma.sp instructions"))
+    a = (ins.m, ins.k // 2 if sparse else ins.k)
+    return sparse, {"a": a, "b": (ins.k, ins.n), "c": (ins.m, ins.n)} | ({"metadata": a} if sparse else {})
+
+
+def _metadata(ins, spelling, metadata):
+    """Value-level sparse metadata: an integer array, checked when concrete (SP.check_metadata)."""
+    dt = np.dtype(getattr(metadata, "dtype", None) or np.asarray(metadata).dtype) if hasattr(metadata, "dtype") \
+        else np.asarray(metadata).dtype
+    if not np.issubdtype(dt, np.integer):
+        raise TypeError(f"{spelling}: metadata must be an integer array (each kept element's column in its "
+                        f"group), got dtype {dt}")
+    SP.check_metadata(ins, metadata, spelling)
+    return jnp.asarray(metadata).astype(jnp.int32)
 
 
 def _scales(ins, spelling, scale_a, scale_b, batch):
@@ -278,7 +308,11 @@ _JITS: dict = {}
 
 def _mma_jit(ins, arch, model):
     # values do not depend on the fragment layouts or the spelling: one compilation for them all
-    key = (dataclasses.replace(ins, spelling="", alayout="row", blayout="col"), arch, model)
+    key = (dataclasses.replace(ins, spelling="", alayout="row", blayout="col",
+                               **({"ordered": False} if isinstance(ins, P.SparseMma) else {})), arch, model)
+    if key not in _JITS and isinstance(ins, P.SparseMma):  # SA: the metadata
+        _JITS[key] = jax.jit(lambda A, B, C, k, SA, SB: SP.sparse_mma_bits(
+            ins, A, B, C, SP.positions(ins, SA), model, arch=arch, key=k))
     if key not in _JITS:
         _JITS[key] = jax.jit(lambda A, B, C, k, SA, SB: mma_numerics.mma_bits_batched(
             ins, A, B, C, model, arch=arch, key=k, scale_a=SA, scale_b=SB, over_devices=True))

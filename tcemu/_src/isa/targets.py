@@ -41,6 +41,8 @@ def min_sm(ins) -> int:
         return max(S.MIN_SM_FOR_TYPE[ins.etype], S.MIN_SM_FOR_SHAPE.get(ins.shape, 70))
     if ins.kind in ONLY:
         return ONLY[ins.kind][0]
+    if ins.kind == "mma.sp":  # PTX ISA 9.7.14.6.3: sm_80; .e4m3/.e5m2 sm_89
+        return 89 if ins.family == "fp8" else 80
     if ins.kind == "mma" and ins.ptx_kind is not None:
         return 120
     if ins.kind == "wmma":
