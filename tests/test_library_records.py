@@ -80,9 +80,12 @@ def test_sources_and_strict():
     assert src == "nearest"
     assert tcemu.library_config("torch.mm", M=512, N=512, K=777, records=False, **KW).schedule.slices == 2
     assert tcemu.library_config("torch.mm", M=512, N=512, K=777, **KW).schedule.slices == 8
-    # the H200 has no shipped records: its table
-    assert tcemu.library_config("torch.mm", M=1000, N=3002, K=1003, arch="H200", a="bf16", b="bf16", out="bf16",
-                                with_source=True)[1] == "nearest"
+    # the H200's own records (recorded on an H200): cuBLAS splits K one more time there at this shape
+    h200 = dict(KW, arch="H200")
+    cfg, src = tcemu.library_config("torch.mm", M=8, N=160, K=32768, with_source=True, **h200)
+    assert (src, cfg.schedule.slices) == ("recorded", 25)
+    assert tcemu.library_config("torch.mm", M=8, N=160, K=32768, **KW).schedule.slices == 24
+    assert tcemu.library_config("torch.mm", M=1000, N=3002, K=1003, with_source=True, **h200)[1] == "nearest"
 
 
 def test_records_argument(tmp_path):

@@ -204,19 +204,23 @@ def test_integer_and_tf32_forms_refuse_float_only_immediates():
         tf32(tcemu.regfile(8, lanes=128), tcemu.memory(4096), d=range(4, 8), a=range(4), b_desc=0, tnsp_b=1)
 
 
-def test_parse_and_arch_checked():
-    with pytest.raises(ValueError, match="exists only on sm_90"):
-        tcemu.ptx(F16, arch="A100")
-    with pytest.raises(ValueError, match="N = 8, 16, 24 or a multiple of 16"):
-        tcemu.ptx("wgmma.mma_async.sync.aligned.m64n40k32.s32.s8.s8", arch="H100")
-    with pytest.raises(ValueError, match="needs .and.popc"):
-        tcemu.ptx("wgmma.mma_async.sync.aligned.m64n8k256.s32.b1.b1", arch="H100")
-    with pytest.raises(ValueError, match=".satfinite is valid only with .s8/.u8"):
-        tcemu.ptx("wgmma.mma_async.sync.aligned.m64n8k16.satfinite.f32.f16.f16", arch="H100")
-    with pytest.raises(ValueError, match="valid: f32$"):
-        tcemu.ptx("wgmma.mma_async.sync.aligned.m64n8k16.f16.bf16.bf16", arch="H100")
-    with pytest.raises(ValueError, match="unsupported wgmma instruction"):
-        tcemu.ptx("wgmma.arrive.sync.aligned", arch="H100")
+BAD_SPELLINGS = [  # (spelling, arch, message)
+    (F16, "A100", "exists only on sm_90"),
+    ("wgmma.mma_async.sync.aligned.m64n40k32.s32.s8.s8", "H100", "N = 8, 16, 24 or a multiple of 16"),
+    ("wgmma.mma_async.sync.aligned.m64n8k256.s32.b1.b1", "H100", "needs .and.popc"),
+    ("wgmma.mma_async.sync.aligned.m64n8k16.satfinite.f32.f16.f16", "H100", ".satfinite is valid only with .s8/.u8"),
+    ("wgmma.mma_async.sync.aligned.m64n8k16.f16.bf16.bf16", "H100", "valid: f32$"),
+    ("wgmma.mma_async.sp.sync.aligned.m64n8k32.f32.f16.f16", "H100", "sparse wgmma .* is not emulated yet"),
+    ("wgmma.arrive.sync.aligned", "H100", "unsupported wgmma instruction")]
+
+
+@pytest.mark.parametrize("spelling,arch,msg", BAD_SPELLINGS)
+def test_parse_and_arch_checked(spelling, arch, msg):
+    with pytest.raises(ValueError, match=msg):
+        tcemu.ptx(spelling, arch=arch)
+
+
+def test_regfile_lanes_checked():
     with pytest.raises(ValueError, match="regfile: lanes must be 32"):
         tcemu.regfile(4, lanes=64)
 

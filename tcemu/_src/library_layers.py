@@ -165,8 +165,8 @@ def library_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, ba
     Where the answer comes from: ``records`` (default: the records shipped for ``arch``; a path:
     a file of :func:`tcemu.record` made on the user's GPU, whose name must hold ``arch``; False:
     none) holds cuBLAS's own choices for torch.mm, torch.bmm, torch._scaled_mm (tensor and row
-    scales), F.linear, torch.matmul and torch.addmm (:mod:`~tcemu._src.library_records`); the H200
-    has none shipped. ``with_source=True`` returns
+    scales), F.linear, torch.matmul and torch.addmm (:mod:`~tcemu._src.library_records`; shipped
+    for the H100 and the H200). ``with_source=True`` returns
     ``(config, source)``: "recorded" (cuBLAS's choice for this very case), "rule" (a documented
     rule: XLA's own with its autotuner off, the layers' split-K-off rule where K and N are
     multiples of 8, block-scaled fp8, or records agreeing around the shape) or "nearest" (the
