@@ -73,9 +73,12 @@ class MmaRegs(Instruction):
             A = A.reshape(4, ins.m, ins.k)
             B = jnp.moveaxis(B.reshape(ins.k, 4, ins.n), 1, 0)
             C = C.reshape(4, ins.m, ins.n)
-        sa, sb = scales if scales is not None else (None, None)
-        D = mma_numerics.mma_bits(ins, A, B, C, self.model, arch=self.arch, key=key, scale_a=sa, scale_b=sb,
-                                  over_devices=True)
+        if scales is None and key is None:  # jax.vmap over warps: the batched numerics
+            D = mma_numerics.mma_bits_vmappable(ins, self.model, self.arch)(A, B, C)
+        else:
+            sa, sb = scales if scales is not None else (None, None)
+            D = mma_numerics.mma_bits(ins, A, B, C, self.model, arch=self.arch, key=key, scale_a=sa, scale_b=sb,
+                                      over_devices=True)
         D = D.reshape(self.fd.rows, self.fd.cols)
         return write_regs(regs, d, matrix_to_fragment(_from_numeric(D, ins.dtype), self.fd))
 

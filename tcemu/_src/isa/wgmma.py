@@ -234,7 +234,10 @@ class WgmmaRegs(Instruction):
         # operands and result materialised once: XLA's fusions around the numerics otherwise cost
         # more than the numerics (CPU, m64n256k16 for 256 warpgroups: 25 ms without, 17 ms with)
         A, B, C = jax.lax.optimization_barrier((_to_numeric(A, ins.atype), _to_numeric(B, ins.btype), C))
-        D = mma_numerics.mma_bits(ins, A, B, C, self.model, arch=self.arch, key=key, over_devices=True)
+        if key is None:
+            D = mma_numerics.mma_bits_vmappable(ins, self.model, self.arch)(A, B, C)
+        else:
+            D = mma_numerics.mma_bits(ins, A, B, C, self.model, arch=self.arch, key=key, over_devices=True)
         D = jax.lax.optimization_barrier(D)
         return write_regs(regs, d, matrix_to_fragment(_from_numeric(D, ins.dtype), self.fd))
 

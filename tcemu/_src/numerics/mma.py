@@ -200,3 +200,21 @@ def mma_bits_batched(ins, a, b, c, model, *, arch="sm_90", key=None, scale_a=Non
 
         _, out = jax.lax.scan(body, None, (prep, chunks(c), keys))
     return out.reshape((n * per,) + out.shape[2:])[:T].reshape(batch + out.shape[2:])
+
+
+def mma_bits_vmappable(ins, model, arch):
+    """``(a, b, c) -> mma_bits(ins, a, b, c, ...)`` for one instruction whose ``jax.vmap`` (the
+    register-level instructions vmapped over warps) runs :func:`mma_bits_batched` on the whole
+    batch: chunked, not one vmapped copy of every intermediate (9x faster for f16 accumulators on
+    the CPU, m64n64k16 over 256 warpgroups)."""
+
+    @jax.custom_batching.custom_vmap
+    def run(a, b, c):
+        return mma_bits(ins, a, b, c, model, arch=arch, over_devices=True)
+
+    @run.def_vmap
+    def _batched(axis_size, in_batched, a, b, c):
+        a, b, c = (x if bt else jnp.broadcast_to(x, (axis_size,) + x.shape) for x, bt in zip((a, b, c), in_batched))
+        return mma_bits_batched(ins, a, b, c, model, arch=arch, over_devices=True), True
+
+    return run
