@@ -49,5 +49,6 @@ if [ "$part" = all ] || [ "$part" = tests ]; then
     tests/test_wmma_mma_hw.py tests/test_mma_sync_hw.py tests/test_peer_vectors.py \
     tests/test_wmma_layouts.py tests/test_engine_exact.py tests/test_wgmma_hw.py tests/test_matrix_move.py \
     tests/test_signed_zeros_hw.py tests/test_gemm.py tests/test_x64.py tests/test_validation_api.py \
-    tests/test_validation_isa.py tests/test_fuzz_api.py 2>&1 | tail -15 | tee "$OUT/tests_gpu.txt"
+    tests/test_validation_isa.py tests/test_fuzz_api.py tests/test_wgmma_regs_hw.py tests/test_wgmma_regs.py \
+    tests/test_mma_sp_hw.py tests/test_mma_sp.py 2>&1 | tail -15 | tee "$OUT/tests_gpu.txt"
 fi
