@@ -45,7 +45,9 @@ def regfile(nregs: int, lanes: int = 32):
 
 
 def ptx(spelling: str, arch="sm_90", *, model=None):
-    """The instruction ``spelling`` as a pure, jit-compiled function over a warp's registers.
+    """The instruction ``spelling`` as a pure, jit-compiled function over a warp's registers
+    (a warpgroup's ``(128, nregs)`` for ``wgmma.mma_async``, which reads shared memory through
+    descriptors: :class:`tcemu.WgmmaDescriptor`).
 
     ``arch``: "sm_70" ... "sm_120" or a GPU name ("V100", "A100", "H100", "RTX5090", ...). ``model``
     (floating-point MMAs only): a :class:`tcemu.BlockFMA` or :class:`tcemu.ArchNumerics` replacing
