@@ -4,7 +4,6 @@ H200 (torch.mm / torch.bmm / torch._scaled_mm through cuBLAS, jnp.dot through XL
 (``tcemu._src.captures``)."""
 from __future__ import annotations
 
-import json
 
 import ml_dtypes
 import numpy as np
@@ -13,6 +12,7 @@ import pytest
 import tcemu
 from conftest import ROOT
 from tcemu._src import captures as C
+from tcemu._src.library import read_json
 
 DATA = ROOT / "tests" / "data"
 CAPTURES = sorted(p for p in DATA.glob("library_gemm_h*_*.npz")
@@ -123,7 +123,7 @@ def test_schedules_prefer_only_reorders(prefer):
 
 
 def _table():
-    return json.loads((ROOT / "tcemu" / "_src" / "data" / "library_gemm.json").read_text())
+    return read_json(ROOT / "tcemu" / "_src" / "data" / "library_gemm.json.gz")
 
 
 def test_table_is_built_from_the_committed_captures():

@@ -3,7 +3,7 @@
 that ``tcemu.library_config`` ships.
 
     python experiments/hardware/identify_captures.py tests/data/library_gemm_*.npz \
-        --out tcemu/_src/data/library_gemm.json [--jobs 2]
+        --out tcemu/_src/data/library_gemm.json.gz [--jobs 2]
 
 Each row: the case (library, GPU, shape, types, flags, kernels), the configuration found (or
 the closest candidates when none reproduces the 32 rows), and the fraction of held-out outputs
@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 from tcemu._src.captures import OUT_STORAGE, captured, crop_operands, evaluate, hlo_slices, load  # noqa: E402
 from tcemu._src.identify import triton_trees  # noqa: E402
-from tcemu._src.library import slice_alignment  # noqa: E402
+from tcemu._src.library import read_json, slice_alignment  # noqa: E402
 from tcemu._src.gemm import KSchedule  # noqa: E402
 
 SEEN = 32
@@ -187,6 +187,18 @@ def check_summary(rows) -> str:
     return "\n".join(lines)
 
 
+def write_json(path, obj):
+    """``obj`` as JSON at ``path``, gzip-compressed when the name ends in .gz (the shipped table)."""
+    import gzip
+
+    text = json.dumps(obj, indent=0)
+    if str(path).endswith(".gz"):
+        with gzip.open(path, "wt", compresslevel=9) as f:
+            f.write(text)
+    else:
+        Path(path).write_text(text)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("captures", nargs="*")
@@ -219,13 +231,13 @@ def main(argv=None):
                       f"{r['flags']} {kernel_family(r)}: {r['match']:.3f} with {r['schedule']}")
         print(check_summary(rows))
         if args.out:
-            Path(args.out).write_text(json.dumps(rows, indent=0))
+            write_json(args.out, rows)
         return
     if args.summary:
-        print(summary(json.loads(Path(args.out).read_text())))
+        print(summary(read_json(args.out)))
         return
     jobs, headers = [], {}
-    done = json.loads(Path(args.resume).read_text())["cases"] if args.resume else []
+    done = read_json(args.resume)["cases"] if args.resume else []
     if args.retry_failed:  # run again the cases whose configuration was not found
         done = [r for r in done if ("schedule" in r and r.get("held_out") in (1.0, None))
                 or not r["lib"].startswith(args.lib)]
@@ -275,7 +287,7 @@ def main(argv=None):
         return row
 
     def write():
-        Path(args.out).write_text(json.dumps({"captures": headers, "cases": rows}, indent=0))
+        write_json(args.out, {"captures": headers, "cases": rows})
 
     with ProcessPoolExecutor(args.jobs) as ex:
         if args.no_search:

@@ -1,6 +1,6 @@
 """The GEMM configurations real libraries run on the H100 and H200, without a GPU.
 
-``library_config`` answers from a table measured on the GPUs (``data/library_gemm.json``: real
+``library_config`` answers from a table measured on the GPUs (``data/library_gemm.json.gz``: real
 ``torch.mm`` / ``torch.bmm`` / ``torch._scaled_mm`` (cuBLAS) and ``jnp.dot`` (XLA) outputs, the
 kernels that ran, and the configuration ``tcemu.identify`` found for each; library versions in
 ``library_versions()``). A shape outside the table takes the configuration of the nearest
@@ -24,6 +24,7 @@ the other not; ties go to the nearest M and N.
 from __future__ import annotations
 
 import functools
+import gzip
 import json
 import math
 import re
@@ -44,12 +45,21 @@ TYPES = ("f16", "bf16", "e4m3", "e5m2")
 OUTS = ("f32", "f16", "bf16")
 _DTYPE_NAMES = {"float16": "f16", "bfloat16": "bf16", "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2",
                 "float32": "f32"}
-DATA = Path(__file__).parent / "data" / "library_gemm.json"
+DATA = Path(__file__).parent / "data" / "library_gemm.json.gz"
+
+
+def read_json(path):
+    """A JSON file, gzip-compressed when its name ends in .gz."""
+    path = Path(path)
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt") as f:
+            return json.load(f)
+    return json.loads(path.read_text())
 
 
 @functools.lru_cache(maxsize=1)
 def _table():
-    data = json.loads(DATA.read_text())
+    data = read_json(DATA)
     # rows whose configuration reproduces every captured output (held-out rows included)
     return data["captures"], [r for r in data["cases"] if "schedule" in r and r.get("held_out") in (1.0, None)]
 
