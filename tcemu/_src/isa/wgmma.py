@@ -211,8 +211,6 @@ class WgmmaRegs(Instruction):
     """``f(regs, smem, *, d, b_desc, a=None, a_desc=None, scale_d=1, imm_scale_a=1, imm_scale_b=1,
     tnsp_a=0, tnsp_b=0, key=None) -> regs`` (see the module docstring)."""
 
-    lanes = 128
-
     def __init__(self, ins: Mma, arch, model=None):
         super().__init__(ins, arch)
         self.fa, self.fd = wgmma_fragments(ins)
