@@ -276,8 +276,7 @@ def _shapes(ins, spelling, metadata):
 
 def _metadata(ins, spelling, metadata):
     """Value-level sparse metadata: an integer array, checked when concrete (SP.check_metadata)."""
-    dt = np.dtype(getattr(metadata, "dtype", None) or np.asarray(metadata).dtype) if hasattr(metadata, "dtype") \
-        else np.asarray(metadata).dtype
+    dt = np.dtype(metadata.dtype) if hasattr(metadata, "dtype") else np.asarray(metadata).dtype
     if not np.issubdtype(dt, np.integer):
         raise TypeError(f"{spelling}: metadata must be an integer array (each kept element's column in its "
                         f"group), got dtype {dt}")

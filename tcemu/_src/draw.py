@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 
+from tcemu._src.formats import ELEMENT_BITS
 from tcemu._src.layouts.fragment import Fragment
 
 
@@ -75,7 +76,7 @@ def smem_view(f, desc, matrix=None, tnsp=False):
     if tnsp and etype not in ("f16", "bf16"):
         raise ValueError(f"--tnsp: only f16/bf16 operands can be MN-major, not .{etype}")
     d = WgmmaDescriptor.decode(desc)
-    addr = d.addresses(64 if matrix == "a" else ins.n, ins.k, 256 // ins.k, bool(tnsp))  # K: 32 bytes
+    addr = d.addresses(64 if matrix == "a" else ins.n, ins.k, ELEMENT_BITS[etype], bool(tnsp))
     title = (f"{f.spelling} [{matrix}] from shared memory, {'MN' if tnsp else 'K'}-major: start {d.start}, "
              f"LBO {d.lbo}, SBO {d.sbo}, swizzle {d.swizzle}, base offset {d.base_offset}")
     addr = addr if matrix == "a" else addr.T

@@ -32,6 +32,7 @@ from tcemu._src.formats import ELEMENT_BITS
 from tcemu._src.isa.fragments import fragment_to_matrix, matrix_to_fragment
 from tcemu._src.isa.instructions import Mma, WgmmaSync
 from tcemu._src.isa.mma_regs import _from_numeric, _to_numeric
+from tcemu._src.isa.parse_mma import WGMMA_K as _K
 from tcemu._src.isa.registers import Instruction, check_regs, read_regs, register_index, register_indices, write_regs
 from tcemu._src.layouts import wgmma as L
 from tcemu._src.layouts.fragment import Fragment
@@ -39,7 +40,6 @@ from tcemu._src.numerics import mma as mma_numerics
 
 _U32 = jnp.uint32
 _FIELD_MAX = (1 << 14) * 16  # start, LBO and SBO: 14 bits of (bytes >> 4)
-_K = {"f16": 16, "bf16": 16, "tf32": 8, "e4m3": 32, "e5m2": 32, "s8": 32, "u8": 32, "b1": 256}  # 32 bytes of K
 
 
 @dataclasses.dataclass(frozen=True)
