@@ -210,7 +210,12 @@ BAD_SPELLINGS = [  # (spelling, arch, message)
     ("wgmma.mma_async.sync.aligned.m64n8k256.s32.b1.b1", "H100", "needs .and.popc"),
     ("wgmma.mma_async.sync.aligned.m64n8k16.satfinite.f32.f16.f16", "H100", ".satfinite is valid only with .s8/.u8"),
     ("wgmma.mma_async.sync.aligned.m64n8k16.f16.bf16.bf16", "H100", "valid: f32$"),
-    ("wgmma.mma_async.sp.sync.aligned.m64n8k32.f32.f16.f16", "H100", "sparse wgmma .* is not emulated yet"),
+    ("wgmma.mma_async.sp.sync.aligned.m64n8k32.f32.f16.f16", "A100", "exists only on sm_90"),
+    ("wgmma.mma_async.sp.sync.aligned.m64n8k16.f32.f16.f16", "H100", "not a wgmma.mma_async.sp shape for .f16 .K = 32"),
+    ("wgmma.mma_async.sp.sync.aligned.m64n40k64.s32.s8.s8", "H100", "N = 8, 16, 24 or a multiple of 16"),
+    ("wgmma.mma_async.sp.sync.aligned.m64n8k32.f16.bf16.bf16", "H100", "not a valid wgmma.mma_async.sp type"),
+    ("wgmma.mma_async.sp.sync.aligned.m64n8k16.satfinite.f32.tf32.tf32", "H100", ".satfinite is valid only"),
+    ("wgmma.mma_async.sp.sync.aligned.m64n8k512.s32.b1.b1.and.popc", "H100", "unknown qualifier .b1"),
     ("wgmma.arrive.sync.aligned", "H100", "unsupported wgmma instruction")]
 
 

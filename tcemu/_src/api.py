@@ -13,6 +13,7 @@ from tcemu._src.checks import check_key
 from tcemu._src.isa import parse as P
 from tcemu._src.isa import sparse as SP
 from tcemu._src.isa import wgmma as WG
+from tcemu._src.isa import wgmma_sp as WSP
 from tcemu._src.isa import wmma as W
 from tcemu._src.isa.targets import check_arch
 from tcemu._src.numerics import engine
@@ -80,6 +81,8 @@ def ptx(spelling: str, arch="sm_90", *, model=None):
         return (MM.LdMatrix if ins.op == "ld" else MM.StMatrix)(ins, a)
     if ins.kind == "mma.sp":
         return SP.MmaSpRegs(ins, a, model)
+    if isinstance(ins, P.SparseMma):
+        return WSP.WgmmaSpRegs(ins, a, model)
     if ins.kind == "wmma":
         return W.MmaRegs(ins, a, W.wmma_mma_fragments(a, ins), model)
     if ins.kind == "mma":

@@ -19,14 +19,14 @@ from tcemu._src.isa.instructions import (
     WgmmaSync, WmmaStore)
 from tcemu._src.isa.parse_mma import parse_mma_sync, parse_tcgen05, parse_wgmma, parse_wgmma_sync
 from tcemu._src.isa.parse_wmma import parse_wmma_load, parse_wmma_mma, parse_wmma_store
-from tcemu._src.isa.sparse import SparseMma, parse_mma_sp
+from tcemu._src.isa.sparse import SparseMma, parse_mma_sp, parse_wgmma_sp
 from tcemu._src.isa.qualifiers import Quals, check_sync, clean, split
 
 # the instruction descriptions and tables are re-exported: importers take them from isa.parse
 __all__ = ["BLACKWELL_KINDS", "F8F6F4", "FLOAT_TYPES", "INT_TYPES", "LAYOUTS", "MMA_SYNC_FORMS",
            "ROUNDINGS", "SCALE_TYPES", "SPACES", "SparseMma", "TCGEN05_KINDS", "TYPES", "MatrixMove", "Mma",
            "Tcgen05", "Unsupported", "WgmmaSync", "WmmaLoad", "WmmaStore", "parse", "parse_matrix_move", "parse_mma_sync",
-           "parse_mma_sp", "parse_tcgen05", "parse_wgmma", "parse_wmma_load", "parse_wmma_mma", "parse_wmma_store"]
+           "parse_mma_sp", "parse_tcgen05", "parse_wgmma", "parse_wgmma_sp", "parse_wmma_load", "parse_wmma_mma", "parse_wmma_store"]
 
 
 def parse(spelling: str):
@@ -37,6 +37,8 @@ def parse(spelling: str):
                ("mma", parse_mma_sync), ("ldmatrix", parse_matrix_move), ("stmatrix", parse_matrix_move))
     if s.startswith("mma.sp"):  # mma.sp and mma.sp::ordered_metadata
         return parse_mma_sp(s)
+    if s.startswith("wgmma.mma_async.sp."):
+        return parse_wgmma_sp(s)
     for prefix, fn in parsers:
         if s.startswith(prefix + "."):
             return fn(s)

@@ -124,9 +124,8 @@ WGMMA_INT_N = (8, 16, 24) + tuple(range(32, 257, 16))
 def parse_wgmma(spelling: str) -> Mma:
     """Dense ``wgmma.mma_async.sync.aligned.m64nNkK[.satfinite].dtype.atype.btype[.and.popc]``."""
     s, toks = split(spelling, "wgmma.mma_async")
-    if "sp" in toks:
-        raise Unsupported(f"{spelling!r}: sparse wgmma (wgmma.mma_async.sp) is not emulated yet; the dense "
-                          "wgmma.mma_async and sparse mma.sp are")
+    if toks[:1] == ["sp"]:
+        raise ValueError(f"{spelling!r}: a sparse wgmma: parse it with tcemu._src.isa.sparse.parse_wgmma_sp")
     op = None
     if len(toks) >= 2 and toks[-2:] == ["and", "popc"]:
         op, toks = "and", toks[:-2]

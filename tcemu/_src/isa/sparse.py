@@ -25,6 +25,7 @@ from tcemu._src.formats import ELEMENT_BITS
 from tcemu._src.isa.fragments import fragment_to_matrix, matrix_to_fragment
 from tcemu._src.isa.instructions import Mma
 from tcemu._src.isa.mma_regs import MmaRegs, _from_numeric, _to_numeric
+from tcemu._src.isa.parse_mma import WGMMA_INT_N, WGMMA_K
 from tcemu._src.isa.qualifiers import Quals, check_sync, mnk, split
 from tcemu._src.isa.registers import read_regs, register_index, register_indices, write_regs
 from tcemu._src.layouts import sparse as L
@@ -42,7 +43,8 @@ _TYPES = ("f16", "bf16", "tf32", "f32", "e4m3", "e5m2", "s8", "u8", "s4", "u4", 
 
 @dataclasses.dataclass(frozen=True)
 class SparseMma(Mma):
-    """An ``mma.sp`` instruction (``kind == "mma.sp"``); ``ordered``: ``::ordered_metadata``."""
+    """An ``mma.sp`` (``kind == "mma.sp"``) or ``wgmma.mma_async.sp`` (``kind == "wgmma"``)
+    instruction; ``ordered``: ``::ordered_metadata``."""
 
     ordered: bool = False
 
@@ -68,8 +70,9 @@ class SparseMma(Mma):
         return L.SELECTORS[self.rbits]
 
     def dense_equivalent(self) -> Mma:
-        """The dense MMA whose numerics the kept products take: K/2 products a row."""
-        return Mma(self.spelling, "mma.sp", f"m1n{self.n}k{self.k // 2}", 1, self.n, self.k // 2, self.dtype,
+        """The dense MMA whose numerics the kept products take: K/2 products a row (a ``wgmma``'s
+        for ``wgmma.mma_async.sp``)."""
+        return Mma(self.spelling, self.kind, f"m1n{self.n}k{self.k // 2}", 1, self.n, self.k // 2, self.dtype,
                    self.atype, self.btype, self.ctype, satfinite=self.satfinite)
 
 
@@ -103,9 +106,42 @@ def parse_mma_sp(spelling: str) -> SparseMma:
     return SparseMma(s, "mma.sp", shape, m, n, k, d, a, b, c, "row", "col", sat, ordered=toks[0] != "sp")
 
 
-def _family(a, b, d, c):
+def parse_wgmma_sp(spelling: str) -> SparseMma:
+    """``wgmma.mma_async.sp.sync.aligned.m64nNkK[.satfinite].dtype.atype.btype`` (sm_90a): the
+    dense wgmma's types and N, twice its K (f16/bf16 32, tf32 16, e4m3/e5m2/s8/u8 64)."""
+    s, toks = split(spelling, "wgmma.mma_async")
+    if not toks or toks[0] != "sp":
+        raise ValueError(f"{spelling!r}: a sparse wgmma starts wgmma.mma_async.sp")
+    shapes = [t for t in toks[1:] if t.startswith("m64n")]
+    q = Quals(s, [t for t in toks[1:] if t not in shapes],
+              {"sync": ("sync",), "aligned": ("aligned",), "sat": ("satfinite",), "type": _TYPES})
+    check_sync(s, q)
+    if len(shapes) != 1:
+        raise ValueError(f"{spelling!r}: wgmma.mma_async.sp needs one .m64nNkK shape")
+    m, n, k = mnk(shapes[0])
+    types = q.found["type"]
+    if len(types) != 3:
+        raise ValueError(f"{spelling!r}: wgmma.mma_async.sp needs .dtype.atype.btype")
+    d, a, b = types
+    fam = _family(a, b, d, d, wgmma=True)
+    if fam not in ("f16", "bf16", "tf32", "fp8", "int8"):
+        raise ValueError(f"{spelling!r}: .{d}.{a}.{b} is not a valid wgmma.mma_async.sp type combination; valid: "
+                         ".f16.f16.f16, .f32.f16.f16, .f32.bf16.bf16, .f32.tf32.tf32, .f16/.f32 with e4m3/e5m2 "
+                         "(any mix), .s32 with s8/u8 (any mix); no .b1")
+    want_k = 2 * WGMMA_K[a]
+    valid_n = WGMMA_INT_N if fam == "int8" else tuple(range(8, 257, 8))
+    if k != want_k or n not in valid_n:
+        raise ValueError(f"{spelling!r}: .m64n{n}k{k} is not a wgmma.mma_async.sp shape for .{a} (K = {want_k}, N = "
+                         + ("8, 16, 24 or a multiple of 16 up to 256)" if fam == "int8" else "8..256 step 8)"))
+    sat = bool(q.found["sat"])
+    if sat and fam != "int8":
+        raise ValueError(f"{spelling!r}: .satfinite is valid only with .s8/.u8 inputs")
+    return SparseMma(s, "wgmma", shapes[0], m, n, k, d, a, b, d, satfinite=sat)
+
+
+def _family(a, b, d, c, wgmma=False):
     if a in ("e4m3", "e5m2") and b in ("e4m3", "e5m2"):
-        return "fp8" if d == c == "f32" else None
+        return "fp8" if d == c == "f32" or (d == c == "f16" and wgmma) else None
     if {a, b} <= {"s8", "u8"}:
         return "int8" if d == c == "s32" else None
     if {a, b} <= {"s4", "u4"}:

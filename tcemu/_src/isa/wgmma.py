@@ -111,11 +111,12 @@ class WgmmaDescriptor:
         off = L.smem_offsets(rows, k, bits, mn_major, self.swizzle, self.lbo, self.sbo)
         return L.swizzle_address(self.start + off, self.swizzle, self.base_offset)
 
-    def put(self, smem, x, etype: str, *, operand: str, tnsp: int = 0):
+    def put(self, smem, x, etype: str, *, operand: str, tnsp: int = 0, sparse: bool = False):
         """``smem`` with the wgmma operand ``x`` written where this descriptor reads it: A
         (64, K) or B (K, N), typed (float16, bfloat16, float32 for tf32, float8, int8/uint8; b1:
-        0/1 integers); ``tnsp=1``: MN-major (16-bit types). What a TMA load with this swizzle
-        leaves in shared memory.
+        0/1 integers); ``tnsp=1``: MN-major (16-bit types); ``sparse=True``: an operand of
+        ``wgmma.mma_async.sp`` (B has twice the K; the compressed A is the dense A). What a TMA
+        load with this swizzle leaves in shared memory.
 
         >>> import numpy as np, tcemu
         >>> desc = tcemu.WgmmaDescriptor(start=0, lbo=16, sbo=1024, swizzle="128B")
@@ -124,7 +125,7 @@ class WgmmaDescriptor:
         >>> bool((desc.get(smem, "f16", operand="b", n=64) == b).all())
         True
         """
-        rows, k, bits, addr = self._operand(operand, etype, tnsp, smem, shape=jnp.shape(x))
+        rows, k, bits, addr = self._operand(operand, etype, tnsp, smem, sparse, shape=jnp.shape(x))
         xb = jnp.asarray(fm.to_bits(x, etype)).astype(_U32)
         xb = (xb.T if operand == "b" else xb) & _U32((1 << bits) - 1 if bits < 32 else 0xFFFFFFFF)
         if bits == 1:  # eight elements a byte, element 0 in the least significant bit
@@ -134,14 +135,14 @@ class WgmmaDescriptor:
         data = (xb[..., None] >> (8 * jnp.arange(nb, dtype=_U32))).astype(jnp.uint8)
         return smem.at[addr[..., None] + np.arange(nb)].set(data)
 
-    def get(self, smem, etype: str, *, operand: str, n: int | None = None, tnsp: int = 0):
+    def get(self, smem, etype: str, *, operand: str, n: int | None = None, tnsp: int = 0, sparse: bool = False):
         """The operand this descriptor reads from ``smem``, typed: A (64, K) or B (K, ``n``)."""
-        rows, k, bits, addr = self._operand(operand, etype, tnsp, smem, n=n)
+        rows, k, bits, addr = self._operand(operand, etype, tnsp, smem, sparse, n=n)
         vals = _gather(smem, jnp.asarray(addr, jnp.int32), bits, k)
         vals = vals.T if operand == "b" else vals
         return vals.astype(jnp.uint8) if bits == 1 else fm.from_bits(vals, etype)
 
-    def _operand(self, operand, etype, tnsp, smem, shape=None, n=None):
+    def _operand(self, operand, etype, tnsp, smem, sparse, shape=None, n=None):
         """(rows, K, element bits, checked addresses) of operand "a" or "b" given as an array of
         ``shape`` (put) or read with ``n`` columns (get, B)."""
         where = f"WgmmaDescriptor({self.start}, {self.lbo}, {self.sbo}, {self.swizzle!r}, {self.base_offset})"
@@ -151,7 +152,10 @@ class WgmmaDescriptor:
             raise ValueError(f"{where}: etype must be one of {', '.join(_K)}, got {etype!r}")
         if tnsp not in (0, 1) or (tnsp and etype not in ("f16", "bf16")):
             raise ValueError(f"{where}: tnsp must be 0, or 1 with f16/bf16 (MN-major), got {tnsp!r}")
-        k = _K[etype]
+        if sparse not in (False, True) or (sparse and etype == "b1"):
+            raise ValueError(f"{where}: sparse must be False, or True for the types of wgmma.mma_async.sp (not b1), "
+                             f"got {sparse!r}")
+        k = _K[etype] * (2 if sparse and operand == "b" else 1)
         if shape is not None:
             n = shape[1] if len(shape) == 2 and operand == "b" else n
             want = (64, k) if operand == "a" else (k, n)
@@ -211,19 +215,32 @@ class WgmmaRegs(Instruction):
     """``f(regs, smem, *, d, b_desc, a=None, a_desc=None, scale_d=1, imm_scale_a=1, imm_scale_b=1,
     tnsp_a=0, tnsp_b=0, key=None) -> regs`` (see the module docstring)."""
 
-    def __init__(self, ins: Mma, arch, model=None):
+    def __init__(self, ins: Mma, arch, model=None, ka=None):
         super().__init__(ins, arch)
-        self.fa, self.fd = wgmma_fragments(ins)
+        self.ka, self.kb = ka or ins.k, ins.k  # K of A (the compressed A of a sparse wgmma: K/2) and of B
+        self.fa, self.fd = wgmma_fragments(dataclasses.replace(ins, k=self.ka))
         self.model = None if ins.family in ("int", "b1") else mma_numerics.resolve_model(ins, model, arch)
-        self._impl = jax.jit(self._mma, static_argnames=("d", "a", "neg"))
+        self._impl = jax.jit(self._mma, static_argnames=("d", "a", "neg", "e", "sel"))
 
-    def _mma(self, regs, smem, a_addr, b_addr, scale_d, key, d, a, neg):
+    def _mma(self, regs, smem, a_addr, b_addr, scale_d, key, d, a, neg, e=None, sel=0):
+        A, B, C = self._operands(regs, smem, a_addr, b_addr, scale_d, d, a, neg)
+        D = jax.lax.optimization_barrier(self._product(regs, A, B, C, key, e, sel))
+        return write_regs(regs, d, matrix_to_fragment(_from_numeric(D, self.ins.dtype), self.fd))
+
+    def _product(self, regs, A, B, C, key, e, sel):
+        ins = self.ins
+        if key is None:
+            return mma_numerics.mma_bits_vmappable(ins, self.model, self.arch)(A, B, C)
+        return mma_numerics.mma_bits(ins, A, B, C, self.model, arch=self.arch, key=key, over_devices=True)
+
+    def _operands(self, regs, smem, a_addr, b_addr, scale_d, d, a, neg):
+        """A (64, K of A), B (K, N) and C (64, N) in the encodings of the numerics."""
         ins, abits = self.ins, ELEMENT_BITS[self.ins.atype]
         if a is None:
-            A = _gather(smem, a_addr, abits, ins.k)
+            A = _gather(smem, a_addr, abits, self.ka)
         else:
             A = fragment_to_matrix(read_regs(regs, a), self.fa)
-        B = _gather(smem, b_addr, ELEMENT_BITS[ins.btype], ins.k).T
+        B = _gather(smem, b_addr, ELEMENT_BITS[ins.btype], self.kb).T
         signs = [_U32(1 << (31 if t == "tf32" else ELEMENT_BITS[t] - 1)) for t in (ins.atype, ins.btype)]
         A = A ^ signs[0] if neg[0] else A
         B = B ^ signs[1] if neg[1] else B
@@ -231,18 +248,12 @@ class WgmmaRegs(Instruction):
         C = jnp.where(scale_d != 0, C, jnp.zeros_like(C))
         # operands and result materialised once: XLA's fusions around the numerics otherwise cost
         # more than the numerics (CPU, m64n256k16 for 256 warpgroups: 25 ms without, 17 ms with)
-        A, B, C = jax.lax.optimization_barrier((_to_numeric(A, ins.atype), _to_numeric(B, ins.btype), C))
-        if key is None:
-            D = mma_numerics.mma_bits_vmappable(ins, self.model, self.arch)(A, B, C)
-        else:
-            D = mma_numerics.mma_bits(ins, A, B, C, self.model, arch=self.arch, key=key, over_devices=True)
-        D = jax.lax.optimization_barrier(D)
-        return write_regs(regs, d, matrix_to_fragment(_from_numeric(D, ins.dtype), self.fd))
+        return jax.lax.optimization_barrier((_to_numeric(A, ins.atype), _to_numeric(B, ins.btype), C))
 
-    def _addresses(self, desc, name, rows, bits, mn_major, size):
-        """The checked int32 (rows, K) byte addresses an operand's descriptor reads."""
+    def _addresses(self, desc, name, rows, k, bits, mn_major, size):
+        """The checked int32 (rows, k) byte addresses an operand's descriptor reads."""
         dd = WgmmaDescriptor.decode(desc)
-        addr = dd.addresses(rows, self.ins.k, bits, mn_major)
+        addr = dd.addresses(rows, k, bits, mn_major)
         last = int(addr.max()) + max(bits // 8, 1)
         if last > size:
             raise IndexError(f"{self.spelling}: {name} {dd} reads bytes up to {last - 1}, outside the shared "
@@ -261,6 +272,11 @@ class WgmmaRegs(Instruction):
 
     def __call__(self, regs, smem, *, d, b_desc, a=None, a_desc=None, scale_d=1, imm_scale_a=1, imm_scale_b=1,
                  tnsp_a=0, tnsp_b=0, key=None):
+        return self._call(regs, smem, d, b_desc, a, a_desc, scale_d, imm_scale_a, imm_scale_b, tnsp_a, tnsp_b, key)
+
+    def _call(self, regs, smem, d, b_desc, a, a_desc, scale_d, imm_scale_a, imm_scale_b, tnsp_a, tnsp_b, key,
+              **sparse):
+        """Check the operands and run; ``sparse``: the static ``e`` and ``sel`` of a sparse wgmma."""
         sp, ins = self.spelling, self.ins
         regs = check_regs(sp, regs, lanes=128)
         smem = memmod.check_mem(smem, sp)
@@ -273,13 +289,14 @@ class WgmmaRegs(Instruction):
         a = None if a is None else register_indices(sp, "a", a, 4, regs.shape[1])
         size = smem.shape[0]
         bits = ELEMENT_BITS[ins.atype]
-        a_addr = None if a_desc is None else self._addresses(a_desc, "a_desc", 64, bits, ta, size)
-        b_addr = self._addresses(b_desc, "b_desc", ins.n, ELEMENT_BITS[ins.btype], tb, size)
+        a_addr = None if a_desc is None else self._addresses(a_desc, "a_desc", 64, self.ka, bits, ta, size)
+        b_addr = self._addresses(b_desc, "b_desc", ins.n, self.kb, ELEMENT_BITS[ins.btype], tb, size)
         scale_d = int(scale_d) if isinstance(scale_d, (bool, np.bool_)) else scale_d
         sd = register_index(scale_d)
         if sd is None and not isinstance(scale_d, jax.Array) or sd not in (None, 0, 1):
             raise ValueError(f"{sp}: scale_d must be 0 or 1 (or a traced integer/bool scalar), got {scale_d!r}")
-        return self._impl(regs, smem, a_addr, b_addr, jnp.asarray(scale_d).astype(jnp.int32), key, d=d, a=a, neg=neg)
+        return self._impl(regs, smem, a_addr, b_addr, jnp.asarray(scale_d).astype(jnp.int32), key, d=d, a=a, neg=neg,
+                          **sparse)
 
 
 class WgmmaSyncRegs(Instruction):

@@ -13,8 +13,10 @@ An operand of R rows (M for A, N for B) and K elements is stored in 16-byte chun
 number of 16-byte units of a swizzled row (1 none, 2 for 32B, 4 for 64B, 8 for 128B). Element
 ``(r, k)`` at byte ``b`` of its K-major row (``b = k * bits / 8``) or of its MN-major column:
 
-* K-major: ``(r % 8) 16 W + (r / 8) SBO + (b / 16) L + b % 16`` with ``L = LBO`` without
-  swizzle and 16 with one (LBO is not read);
+* K-major: ``(r % 8) 16 W + (r / 8) SBO + (b / 16 W) LBO + b % 16 W``: LBO steps from one
+  16 W-byte atom of K to the next, so a dense wgmma (32 bytes of K) reads it only without swizzle;
+  a sparse one (64 bytes of B's K) with no swizzle or a 32B swizzle (measured on an H200,
+  ``tests/data/wgmma_sp_sm90.npz``);
 * MN-major (16-bit types, ``tnsp`` = 1), with ``j`` the 16-byte chunk of row ``r``'s bytes along
   MN: without swizzle ``(k % 8) 16 + j SBO + (k / 8) LBO``; swizzled
   ``(k % 8) 16 W + (j % W) 16 + (j / W) LBO + (k / 8) SBO``.
@@ -61,7 +63,7 @@ def smem_offsets(rows: int, k: int, bits: int, mn_major: bool, swizzle: str, lbo
     kk = np.arange(k, dtype=np.int64)[None, :]
     if not mn_major:
         b = kk * bits // 8
-        return (r % 8) * 16 * W + (r // 8) * sbo + (b // 16) * (lbo if swizzle == "none" else 16) + b % 16
+        return (r % 8) * 16 * W + (r // 8) * sbo + (b // (16 * W)) * lbo + b % (16 * W)
     rb = r * bits // 8
     j, w = rb // 16, rb % 16
     if swizzle == "none":
