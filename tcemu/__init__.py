@@ -2,7 +2,8 @@
 
 Register level: ``tcemu.ptx(spelling, arch)`` returns a pure function over a warp's registers
 (``tcemu.regfile``) and byte-addressed memory (``tcemu.memory``). Value level: ``tcemu.mma``
-(sparse ``mma.sp`` on an A compressed by ``tcemu.sparsify``).
+(sparse ``mma.sp`` and ``wgmma.mma_async.sp`` on an A compressed by ``tcemu.sparsify``; their
+metadata registers: ``tcemu.sparse_metadata``).
 Numerics: ``tcemu.BlockFMA`` (the fused block-FMA model), ``tcemu.numerics(arch)`` (presets).
 GEMMs: ``tcemu.matmul``, ``tcemu.dot_general`` (a ``jax.lax.dot_general`` drop-in),
 ``tcemu.einsum``, configured by ``tcemu.GemmConfig`` (epilogues: ``tcemu.Epilogue``);
@@ -14,7 +15,7 @@ kernel choices on your GPU). Whole models:
 ``tcemu.error_vs_k`` (accumulation error as dot products grow).
 """
 from tcemu._src.api import mma, ptx, regfile
-from tcemu._src.isa.sparse import sparsify
+from tcemu._src.isa.sparse import sparse_metadata, sparsify
 from tcemu._src.isa.wgmma import WgmmaDescriptor, wgmma_descriptor
 from tcemu._src import native as _native  # noqa: F401 (registers the compiled kernels)
 from tcemu._src.gemm import Epilogue, GemmConfig, KSchedule, dot_general, einsum, matmul
@@ -36,4 +37,4 @@ __version__ = "0.1.0"
 
 __all__ = ["Arch", "ArchNumerics", "BlockFMA", "BlockQuantized", "Epilogue", "ErrorCurve", "GemmConfig", "GemmOp", "KSchedule", "NoMatch", "Policy", "ProbeResult", "block_quantize", "dot_general", "einsum",
            "emulate", "error_vs_k", "get_matrix", "identify", "library_config", "library_versions", "matmul", "memory", "mma", "numerics", "probe", "ptx", "put_matrix",
-           "quantize", "record", "regfile", "sparsify", "WgmmaDescriptor", "wgmma_descriptor"]
+           "quantize", "record", "regfile", "sparse_metadata", "sparsify", "WgmmaDescriptor", "wgmma_descriptor"]

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 X64_ENV = os.environ.get("TCEMU_X64")
 # Modules whose tests also run with x64 on when TCEMU_X64 is unset.
 # (test_engine_exact runs once: tests/test_x64.py covers every engine path with x64 on)
-X64_MODULES = ("test_wgmma_hw", "test_wgmma_regs_hw", "test_peer_vectors")
+X64_MODULES = ("test_wgmma_hw", "test_wgmma_regs_hw", "test_wgmma_sp_hw", "test_peer_vectors")
 
 
 def pytest_configure(config):

@@ -20,7 +20,8 @@ from conftest import capture
 from test_wgmma_regs_hw import descs, hashed_image, plane_image, smem
 
 DEV = "wgmma_sp_sm90.npz"
-CAPTURES = [DEV]
+HELD = "wgmma_sp_sm90_20261201.npz"
+CAPTURES = [DEV, HELD]
 
 
 def forms(name, prefix):

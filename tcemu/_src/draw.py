@@ -63,7 +63,7 @@ def fragment_view(f, matrix=None):
 def smem_view(f, desc, matrix=None, tnsp=False):
     """(addresses, title, header): the shared-memory byte address of each element of operand ``matrix``
     ("a" or "b", default "b") of the wgmma ``f`` read through descriptor ``desc``, as A (64, K)
-    or B (K, N)."""
+    or B (K, N) (a sparse wgmma: the compressed A, 64 x K/2)."""
     from tcemu._src.isa.wgmma import WgmmaDescriptor, WgmmaRegs
 
     if not isinstance(f, WgmmaRegs):
@@ -76,7 +76,8 @@ def smem_view(f, desc, matrix=None, tnsp=False):
     if tnsp and etype not in ("f16", "bf16"):
         raise ValueError(f"--tnsp: only f16/bf16 operands can be MN-major, not .{etype}")
     d = WgmmaDescriptor.decode(desc)
-    addr = d.addresses(64 if matrix == "a" else ins.n, ins.k, ELEMENT_BITS[etype], bool(tnsp))
+    addr = d.addresses(64 if matrix == "a" else ins.n, f.ka if matrix == "a" else f.kb, ELEMENT_BITS[etype],
+                       bool(tnsp))
     title = (f"{f.spelling} [{matrix}] from shared memory, {'MN' if tnsp else 'K'}-major: start {d.start}, "
              f"LBO {d.lbo}, SBO {d.sbo}, swizzle {d.swizzle}, base offset {d.base_offset}")
     addr = addr if matrix == "a" else addr.T

@@ -184,13 +184,69 @@ def sparse_fragments(ins: SparseMma):
     return tuple(fr)
 
 
-def register_positions(ins: SparseMma, e_words, selector: int):
-    """Dense columns (16, K/2) from the (32,) metadata registers read with ``selector``
-    (:func:`tcemu._src.layouts.sparse.metadata_table`)."""
+def metadata_lanes(ins: SparseMma, selector: int) -> np.ndarray:
+    """int32 (M, R, 2): the (lane, bit) of the metadata registers holding bit ``p`` of row ``r``'s
+    metadata string (:func:`tcemu._src.layouts.sparse.metadata_table`); a warpgroup
+    (``wgmma.mma_async.sp``, measured on an H200 and an H100) repeats the ``mma.sp`` table in
+    each warp, rows ``16 w .. 16 w + 15`` in warp ``w``."""
     tab = L.metadata_table(ins.rbits, selector, L.unit_bits(ins.bits))
-    bit = (jnp.take(e_words, jnp.asarray(tab[..., 0], jnp.int32)) >> jnp.asarray(tab[..., 1], jnp.uint32)) & 1
+    warps = ins.m // 16
+    return np.concatenate([tab + np.array([32 * w, 0], np.int32) for w in range(warps)]).astype(np.int32)
+
+
+def register_positions(ins: SparseMma, e_words, selector: int):
+    """Dense columns (M, K/2) from the (lanes,) metadata registers read with ``selector``."""
+    tab = metadata_lanes(ins, selector)
+    bit = (jnp.take(e_words, jnp.asarray(tab[..., 0])) >> jnp.asarray(tab[..., 1], jnp.uint32)) & 1
     idx = bit[:, 0::2] | (bit[:, 1::2] << 1)
     return L.dense_positions(idx, ins.bits, xp=jnp)
+
+
+def sparse_metadata(spelling, metadata, selector: int = 0):
+    """The metadata registers of ``mma.sp`` / ``wgmma.mma_async.sp`` holding value-level metadata.
+
+    ``metadata`` (..., M, K/2) gives each kept element's column inside its group (what
+    :func:`sparsify` returns); the result is uint32 (..., lanes): one register a lane (32 for
+    ``mma.sp``, 128 for a warpgroup), laid out as the sparsity selector ``selector`` reads them,
+    the lanes it does not read 0. The operand ``e`` / ``sp_meta`` at register level.
+
+    >>> import numpy as np, tcemu
+    >>> sp = "wgmma.mma_async.sp.sync.aligned.m64n8k32.f32.f16.f16"
+    >>> meta = np.tile([0, 1, 2, 3], (64, 4))            # chunks (0, 1) and (2, 3)
+    >>> e = tcemu.sparse_metadata(sp, meta, selector=1)
+    >>> e.shape, hex(int(e[2])), hex(int(e[0]))          # lanes 2 and 3 of each quad (selector 1)
+    ((128,), '0xe4e4e4e4', '0x0')
+    """
+    ins = spelling if isinstance(spelling, SparseMma) else _parse_sparse(spelling)
+    if register_index(selector) is None or register_index(selector) not in ins.selectors:
+        raise ValueError(f"sparse_metadata: selector must be one of {', '.join(map(str, ins.selectors))} for "
+                         f"{ins.spelling}, got {selector!r}")
+    md = np.asarray(metadata)
+    if not np.issubdtype(md.dtype, np.integer) or md.ndim < 2 or md.shape[-2:] != (ins.m, ins.k // 2):
+        raise ValueError(f"sparse_metadata: metadata must be an integer array (..., {ins.m}, {ins.k // 2}), got "
+                         f"{md.dtype} {md.shape}")
+    check_metadata(ins, md, "sparse_metadata")
+    md = md.astype(np.uint64)
+    if ins.bits == 32:  # a tf32 element fills its chunk: (0, 1) at column 0, (2, 3) at column 1
+        idx = np.stack([2 * md, 2 * md + 1], -1).reshape(md.shape[:-1] + (-1,))
+    elif ins.bits == 4:  # a pair of 4-bit elements is one unit
+        idx = md[..., 0::2] // 2
+    else:
+        idx = md
+    tab = metadata_lanes(ins, int(selector))
+    lanes = 32 * ((ins.m + 15) // 16)
+    out = np.zeros(md.shape[:-2] + (lanes,), np.uint64)
+    bits = np.stack([idx & 1, idx >> 1], -1).reshape(idx.shape[:-1] + (-1,))  # (..., M, R)
+    for r in range(tab.shape[0]):
+        for p in range(tab.shape[1]):
+            out[..., tab[r, p, 0]] |= bits[..., r, p] << np.uint64(tab[r, p, 1])
+    return out.astype(np.uint32)
+
+
+def _parse_sparse(spelling):
+    if isinstance(spelling, str) and spelling.strip().startswith("wgmma"):
+        return parse_wgmma_sp(spelling)
+    return parse_mma_sp(spelling)
 
 
 class MmaSpRegs(MmaRegs):
@@ -278,10 +334,7 @@ def sparsify(dense, spelling: str):
     ...
     ValueError: sparsify: row 2, group 2 (columns 8..11) has 4 nonzeros; mma.sp .f16 keeps at most 2 in every 4 columns
     """
-    if isinstance(spelling, SparseMma):
-        ins = spelling
-    else:
-        ins = parse_mma_sp(spelling)
+    ins = spelling if isinstance(spelling, SparseMma) else _parse_sparse(spelling)
     if isinstance(dense, jax.core.Tracer):
         raise TypeError("sparsify: dense must be a concrete array (it picks columns from the values), not traced")
     x = np.asarray(dense)

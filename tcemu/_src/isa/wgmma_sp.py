@@ -14,7 +14,8 @@ Measured on an H200 (``tests/data/wgmma_sp_sm90.npz``, ``experiments/hardware/wg
   A of K/2; B is the dense K x N at its descriptor (K twice the dense wgmma's: the K-major layouts
   step from one swizzle atom of K to the next by LBO, :mod:`tcemu._src.layouts.wgmma`).
 * Warp ``w`` of the warpgroup holds the metadata of rows ``16 w .. 16 w + 15`` in its lanes as
-  ``mma.sp`` of the same K holds its 16 rows (:func:`tcemu._src.layouts.sparse.metadata_table`);
+  ``mma.sp`` of the same K holds its 16 rows (:func:`tcemu._src.isa.sparse.metadata_lanes`;
+  :func:`tcemu.sparse_metadata` packs value-level metadata);
   every index pair, unsorted or equal ones included, selects its dense columns (tf32: only the
   chunks 0b0100 and 0b1110 are defined).
 * The kept products take the dense wgmma's numerics of K/2 products
@@ -22,29 +23,11 @@ Measured on an H200 (``tests/data/wgmma_sp_sm90.npz``, ``experiments/hardware/wg
 """
 from __future__ import annotations
 
-import jax.numpy as jnp
 import numpy as np
 
 from tcemu._src.isa import sparse as SP
 from tcemu._src.isa.registers import register_index, register_indices
 from tcemu._src.isa.wgmma import WgmmaRegs
-from tcemu._src.layouts import sparse as L
-
-
-def metadata_lanes(ins: SP.SparseMma, selector: int) -> np.ndarray:
-    """int32 (64, R, 2): the (lane, bit) of the warpgroup's metadata registers holding bit ``p`` of
-    row ``r``'s metadata string: ``mma.sp``'s table in each warp, rows 16 w .. 16 w + 15 in warp w."""
-    tab = L.metadata_table(ins.rbits, selector, L.unit_bits(ins.bits))
-    out = np.concatenate([tab + np.array([32 * w, 0], np.int32) for w in range(4)])
-    return out.astype(np.int32)
-
-
-def register_positions(ins: SP.SparseMma, e_words, selector: int):
-    """Dense columns (64, K/2) of the compressed A's elements from the (128,) metadata words."""
-    tab = metadata_lanes(ins, selector)
-    bit = (jnp.take(e_words, jnp.asarray(tab[..., 0])) >> jnp.asarray(tab[..., 1], jnp.uint32)) & 1
-    idx = bit[:, 0::2] | (bit[:, 1::2] << 1)
-    return L.dense_positions(idx, ins.bits, xp=jnp)
 
 
 class WgmmaSpRegs(WgmmaRegs):
@@ -55,7 +38,7 @@ class WgmmaSpRegs(WgmmaRegs):
         super().__init__(ins, arch, model, ka=ins.k // 2)
 
     def _product(self, regs, A, B, C, key, e, sel):
-        pos = register_positions(self.ins, regs[:, e], sel)
+        pos = SP.register_positions(self.ins, regs[:, e], sel)
         return SP.sparse_mma_bits(self.ins, A, B, C, pos, self.model, arch=self.arch, key=key)
 
     def __call__(self, regs, smem, *, d, b_desc, sp_meta, a=None, a_desc=None, sp_sel=0, scale_d=1, imm_scale_a=1,
