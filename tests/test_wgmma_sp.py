@@ -137,7 +137,10 @@ def test_sparse_metadata_round_trip(spelling, seed):
     sel = int(rng.choice(ins.selectors))
     e = tcemu.sparse_metadata(spelling, meta, selector=sel)
     got = np.asarray(SP.register_positions(ins, jnp.asarray(e), sel))
-    np.testing.assert_array_equal(got, np.asarray(SP.positions(ins, meta)))
+    want = np.asarray(SP.positions(ins, meta))
+    if ins.bits == 32:  # the low and high halves of B row pos
+        want = np.stack([2 * want, 2 * want + 1], -1)
+    np.testing.assert_array_equal(got, want)
 
 
 def test_bad_input():

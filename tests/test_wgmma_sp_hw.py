@@ -70,8 +70,6 @@ def test_metadata_and_operand_layouts_index_coded(name):
         sp = str(z[f + ".spelling"])
         ins, wg = parse(sp), tcemu.ptx(sp, arch="H100")
         for t in range(len(z[f + ".sel"])):
-            if ins.atype == "tf32" and z[f + ".mode"][t] != 0:
-                continue
             got = run_tile(z, f, t, wg, ins, regfile(z, f, t, ins))
             np.testing.assert_array_equal(got, z[f + ".d_regs"][t], err_msg=f"{f} tile {t}")
             checked += 1

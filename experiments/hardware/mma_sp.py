@@ -3,6 +3,7 @@
     python experiments/hardware/mma_sp.py --out OUTDIR [--seed N] [--name mma_sp_sm90] [--dry-run]
     python experiments/hardware/mma_sp.py --write-cubin PATH     # compile here, carry it to the GPU
     python experiments/hardware/mma_sp.py --out OUTDIR --cubin PATH
+    python experiments/hardware/mma_sp.py --out OUTDIR --only tf32any --seed S   # tf32, any metadata
 
 Every ``mma.sp`` / ``mma.sp::ordered_metadata`` form of sm_80/sm_89/sm_90 (f16 with f16 and f32
 C/D, bf16, tf32, the four e4m3/e5m2 pairs, s8/u8 and s4/u4 with and without .satfinite and one
@@ -295,6 +296,36 @@ def numeric_tiles(rng, at, bt, ct, k, per_class, unsorted):
     return np.concatenate(regs), np.array(sels, np.int32), classes, np.array(cls, np.int8)
 
 
+def tf32any_tiles(rng, at, bt, ct, k, T=16):
+    """Raw float32 A, B, C (every mantissa bit random) and any index pairs in every lane."""
+    na, nb, nc, _ = nregs(at, bt, ct, k)
+    fa, fb, fc = fragments(at, bt, ct, k)
+    g = lambda *s: rng.standard_normal(s).astype(np.float32).view(np.uint32).astype(np.uint64)  # noqa: E731
+    idx = pairs(rng, (T, 32, 8), "any")
+    e = np.zeros((T, 32), np.uint64)
+    for i in range(8):
+        e |= (idx[:, :, i, 0].astype(np.uint64) | (idx[:, :, i, 1].astype(np.uint64) << 2)) << np.uint64(4 * i)
+    regs = np.concatenate([place(g(T, 16, k // 2), fa, na), place(g(T, k, 8), fb, nb), place(g(T, 16, 8), fc, nc),
+                           e.astype(np.uint32)[:, :, None]], axis=2)
+    return regs, rng.choice(L.SELECTORS[L.row_bits(k, 32)], T).astype(np.int32)
+
+
+def capture_tf32any(gpu, rng):
+    """``--only tf32any``: the tf32 forms with undefined metadata on random operands."""
+    out = {}
+    for sp, at, bt, ct, k in forms():
+        if at != "tf32":
+            continue
+        na, nb, nc, nd = nregs(at, bt, ct, k)
+        regs, sel = tf32any_tiles(rng, at, bt, ct, k)
+        T = len(sel)
+        (d,) = gpu.run(kname(sp), T, [regs.ravel(), sel, np.zeros(T * 32 * nd, np.uint32)], [2])
+        out |= {sp + ".regs_in": regs, sp + ".sel": sel, sp + ".regs_out": d.reshape(T, 32, nd),
+                sp + ".nregs": np.array([na, nb, nc, nd])}
+        print(f"{sp:70s} tiles {T:5d}", flush=True)
+    return out
+
+
 def capture(gpu, rng, per_class_ordered=4, per_class_sp=2, maps=True):
     out = {}
     for sp, at, bt, ct, k in forms():
@@ -347,6 +378,7 @@ def main():
     ap.add_argument("--write-cubin", help="only compile the kernels to this cubin")
     ap.add_argument("--no-maps", action="store_true", help="numerics tiles only")
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--only", choices=("tf32any",), help="only tf32 with any metadata on random operands")
     args = ap.parse_args()
     if args.write_cubin:
         write_cubin(Path(args.write_cubin))
@@ -361,7 +393,11 @@ def main():
             write_cubin(cubin)
         gpu = Gpu(cubin)
     t = time.time()
-    data = capture(gpu, np.random.default_rng(args.seed), maps=not args.no_maps)
+    if args.only == "tf32any":
+        data = capture_tf32any(gpu, np.random.default_rng(args.seed))
+        args.name = f"mma_sp_tf32any_sm90_{args.seed}"
+    else:
+        data = capture(gpu, np.random.default_rng(args.seed), maps=not args.no_maps)
     data["seed"] = np.array(args.seed)
     f = out / f"{args.name}.npz"
     np.savez_compressed(f, **data)

@@ -1,7 +1,7 @@
 """Sparse ``wgmma.mma_async.sp`` at register level (sm_90a): the metadata register, the sparsity
 selector, the compressed A (registers or descriptor) and the dense B (descriptor).
 
-    python experiments/hardware/wgmma_sp.py --out OUTDIR [--seed S] [--dry-run]
+    python experiments/hardware/wgmma_sp.py --out OUTDIR [--seed S] [--only tf32any] [--dry-run]
 
 One 128-thread block (a warpgroup) per tile, as ``wgmma_regs.py``: the tile's shared-memory image
 is copied in, the descriptors (relative to the buffer) are moved to its address, D is preloaded with
@@ -22,6 +22,9 @@ numerics tiles: random and adversarial operands (``inputs.py``) on a form per ty
 first half of the kept K and 2**-24 in the second: one block or two?), ``sanity`` (small
 integers, checked here against exact arithmetic). Held-out captures (a seed other than the
 development one) add forms over random descriptors and hashed images.
+
+``--only tf32any``: tf32 with raw float32 operands and any index pairs in every lane (which halves
+of B an undefined metadata chunk reads), ``wgmma_sp_tf32any_sm90_SEED.npz``.
 
 Writes ``wgmma_sp_sm90[_SEED].npz``; keys ``<kernel>.<field>``: ``e`` (T, 128) metadata registers,
 ``sel``, ``a_regs``/``c_regs``/``d_regs`` (T, 128, n), ``img`` (unique images) with ``img_index``,
@@ -410,6 +413,32 @@ def rd_tiles(f, rng, per_swizzle=2):
 
 
 # ---------------------------------------------------------------------------------------------
+# tf32 with any metadata (--only tf32any): which halves of B an undefined chunk reads
+
+
+def tf32any_forms():
+    return [SpForm("any_tf32_n16", 16, "f32", "tf32", "tf32", True),
+            SpForm("any_tf32d_n24", 24, "f32", "tf32", "tf32", False, neg_b=1, swz=("128B", "32B"))]
+
+
+def tf32any_tiles(f, rng, T=12):
+    """Raw float32 A, B, C (every mantissa bit set at random) and any index pairs in every lane."""
+    imgs, descs, ar, cr, sels = [], [], [], [], []
+    for _ in range(T):
+        A = rng.standard_normal((1, 64, f.k // 2)).astype(np.float32).view(np.uint32)
+        B = rng.standard_normal((f.k, f.n)).astype(np.float32).view(np.uint32)
+        C = rng.standard_normal((1, 64, f.n)).astype(np.float32).view(np.uint32)
+        img = np.zeros(IMG, np.uint8)
+        da = 0 if f.a_regs else put_a(img, f, A[0], f.swz[0])
+        db = put_b(img, f, B, f.swz[1])
+        imgs.append(img), descs.append((da, db)), sels.append(int(rng.choice(f.sels)))
+        ar.append(a_regs_of(f, A)[0] if f.a_regs else np.zeros((128, 1), np.uint32))
+        cr.append(W.pack_d(f, C)[0])
+    return (np.stack(imgs), np.array(descs, np.uint64), np.stack(ar), np.stack(cr), random_meta(rng, T, "any"),
+            np.array(sels, np.int32))
+
+
+# ---------------------------------------------------------------------------------------------
 # GPU and the capture
 
 
@@ -509,8 +538,20 @@ def capture(gpu, rng, dev, per_class=2, per_swizzle=4):
     return out
 
 
+def capture_tf32any(gpu, rng):
+    out = {}
+    for f in tf32any_forms():
+        imgs, descs, ar, cr, e, sel = tf32any_tiles(f, rng)
+        T = len(sel)
+        scale_d = np.ones(T, np.int32)
+        d, info = gpu.run(f, imgs, ar, cr, e, descs, scale_d, sel)
+        store(out, f, imgs, descs, ar, cr, e, sel, scale_d.astype(np.int8), d, info)
+        print(f"{f.name:16s} {f.spelling:58s} tiles {T:4d}", flush=True)
+    return out
+
+
 def all_forms():
-    return layout_forms() + map_forms() + numerics_forms() + rd_forms()
+    return layout_forms() + map_forms() + numerics_forms() + rd_forms() + tf32any_forms()
 
 
 def main():
@@ -518,6 +559,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=DEV_SEED)
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--only", choices=("tf32any",), help="only tf32 with any metadata and random B")
     ap.add_argument("--source", help="write the CUDA source here and stop")
     args = ap.parse_args()
     if args.source:
@@ -529,8 +571,12 @@ def main():
     t = time.time()
     dev = args.seed == DEV_SEED
     data = {"seed": np.array(args.seed), "img_bytes": np.array(IMG), "b_at": np.array(B_AT)}
-    data.update(capture(gpu, np.random.default_rng(args.seed), dev))
-    name = "wgmma_sp_sm90.npz" if dev else f"wgmma_sp_sm90_{args.seed}.npz"
+    if args.only == "tf32any":
+        data.update(capture_tf32any(gpu, np.random.default_rng(args.seed)))
+        name = f"wgmma_sp_tf32any_sm90_{args.seed}.npz"
+    else:
+        data.update(capture(gpu, np.random.default_rng(args.seed), dev))
+        name = "wgmma_sp_sm90.npz" if dev else f"wgmma_sp_sm90_{args.seed}.npz"
     np.savez_compressed(out / name, **data)
     print(f"done in {time.time() - t:.1f}s; {(out / name).stat().st_size / 1e6:.2f} MB")
 

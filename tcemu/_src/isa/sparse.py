@@ -162,10 +162,18 @@ def positions(ins: SparseMma, metadata):
 
 def sparse_mma_bits(ins: SparseMma, a, b, c, pos, model, *, arch, key=None):
     """``D = sum_j A[r, j] B[pos[r, j], :] + C`` on encoded operands (``numerics.mma`` encodings):
-    A (..., 16, K/2), B (..., K, N), C (..., 16, N), ``pos`` (..., 16, K/2). The kept products
-    run as the dense MMA of K/2 (:meth:`SparseMma.dense_equivalent`), one per row of A."""
+    A (..., 16, K/2), B (..., K, N), C (..., 16, N), ``pos`` (..., 16, K/2), or for tf32 the
+    halves of B each element reads (..., 16, K/2, 2) (:func:`tcemu._src.layouts.sparse.tf32_halves`).
+    The kept products run as the dense MMA of K/2 (:meth:`SparseMma.dense_equivalent`), one per row
+    of A."""
     eq = ins.dense_equivalent()
-    bg = jnp.take_along_axis(b[..., None, :, :], pos[..., :, :, None], axis=-2)  # (..., 16, K/2, N)
+    if ins.bits == 32:  # tf32 B values are assembled from 16-bit halves (L.tf32_halves)
+        units = pos if pos.ndim == a.ndim + 1 else jnp.stack([2 * pos, 2 * pos + 1], -1)
+        halves = jnp.stack([b & 0xFFFF, b >> 16], -2).reshape(b.shape[:-2] + (-1, b.shape[-1]))
+        lo, hi = (jnp.take_along_axis(halves[..., None, :, :], units[..., :, :, i, None], axis=-2) for i in (0, 1))
+        bg = lo | (hi << 16)
+    else:
+        bg = jnp.take_along_axis(b[..., None, :, :], pos[..., :, :, None], axis=-2)  # (..., 16, K/2, N)
     d = mma_numerics.mma_bits_batched(eq, a[..., :, None, :], bg, c[..., :, None, :], model, arch=arch, key=key)
     return d[..., 0, :]
 
@@ -195,10 +203,13 @@ def metadata_lanes(ins: SparseMma, selector: int) -> np.ndarray:
 
 
 def register_positions(ins: SparseMma, e_words, selector: int):
-    """Dense columns (M, K/2) from the (lanes,) metadata registers read with ``selector``."""
+    """Dense columns (M, K/2) from the (lanes,) metadata registers read with ``selector`` (tf32:
+    the halves of B, (M, K/2, 2))."""
     tab = metadata_lanes(ins, selector)
     bit = (jnp.take(e_words, jnp.asarray(tab[..., 0])) >> jnp.asarray(tab[..., 1], jnp.uint32)) & 1
     idx = bit[:, 0::2] | (bit[:, 1::2] << 1)
+    if ins.bits == 32:
+        return L.tf32_halves(idx, xp=jnp)
     return L.dense_positions(idx, ins.bits, xp=jnp)
 
 

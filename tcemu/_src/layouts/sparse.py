@@ -111,3 +111,15 @@ def dense_positions(idx: np.ndarray, bits: int, xp=np):
     if bits == 4:
         return xp.stack([2 * units, 2 * units + 1], axis=-1).reshape(idx.shape[:-1] + (2 * nu,))
     return v[::2] + idx[..., ::2] // 2  # tf32: v[::2] = 2j
+
+
+def tf32_halves(idx, xp=np):
+    """tf32: the 16-bit halves of B that element j of the compressed A multiplies, from the unit
+    indices ``idx`` (..., 16, R / 2): (..., 16, K / 2, 2) indices (low, high) into B's halves
+    (half ``2 k + h`` is the low (h = 0) or high half of row k). Chunk j's indices name two of the
+    four halves of rows 2j and 2j + 1: the first gives the low half of the B value, the second its
+    high half (measured, H100 and H200: the valid chunks 0b0100 and 0b1110 read row 2j or 2j + 1
+    whole; any other chunk assembles a value from two halves)."""
+    idx = idx.astype(xp.int32)
+    j4 = 4 * xp.arange(idx.shape[-1] // 2, dtype=xp.int32)
+    return xp.stack([j4 + idx[..., 0::2], j4 + idx[..., 1::2]], axis=-1)
