@@ -152,6 +152,7 @@ def test_register_level_matches_h100(sp):
     """tcemu.ptx(sp) on the captured registers (every selector; equal-index metadata included,
     which the H100 runs as two products of the same B row; tf32's undefined metadata too) gives the
     H100's registers."""
+    ins = parse(sp)
     f = tcemu.ptx(sp, arch="sm_90")
     parts = []
     for cap in CAPS:
