@@ -189,3 +189,18 @@ def test_sparse_is_not_dense_on_the_decompressed_a():
             assert np.all(hw == np.float32(want)) and np.all(two_blocks == 1.0)
         else:
             assert np.isfinite(hw).all() and np.isnan(two_blocks).any()
+
+
+def test_tf32_undefined_metadata_on_random_operands():
+    """tf32 with any index pairs in every lane on raw float32 A, B, C (H200, captured after the
+    halves rule was frozen): every output register as tcemu assembles the B values."""
+    z = capture("mma_sp_tf32any_sm90_20261202.npz")
+    for sp in sorted({k.rsplit(".", 1)[0] for k in z if k.startswith("mma.")}):
+        ins, f = parse(sp), tcemu.ptx(sp, arch="sm_90")
+        na, nb, nc, nd = (int(x) for x in z[sp + ".nregs"])
+        r, sel, want = z[sp + ".regs_in"], z[sp + ".sel"], z[sp + ".regs_out"]
+        for s in ins.selectors:
+            run = jax.jit(jax.vmap(lambda x: f(x, a=range(na), b=range(na, na + nb), c=range(na + nb, na + nb + nc),
+                                               e=na + nb + nc, f=s, d=range(nd))[:, :nd]))
+            np.testing.assert_array_equal(np.asarray(run(jnp.asarray(r[sel == s]))), want[sel == s],
+                                          err_msg=f"{sp} selector {s}")

@@ -2,9 +2,14 @@
 (experiments/hardware/wgmma_sp.py): the metadata register and selector, the compressed A from
 registers or a descriptor, the dense B at its descriptor, numerics.
 
-* ``wgmma_sp_sm90.npz`` (development: the rules were read off it): index-coded tiles (B the
+* ``wgmma_sp_sm90.npz`` (development, H200: the rules were read off it): index-coded tiles (B the
   identity, the compressed A coding its columns, random metadata in every lane), random
   descriptors over offset-coded images, numerics at canonical descriptors.
+* ``wgmma_sp_sm90_20261201.npz`` (held out, H100, captured after the rules were frozen): the same
+  kinds and random descriptors over hashed images.
+* ``wgmma_sp_tf32any_sm90_20261202.npz`` (H200): tf32 with any index pairs on raw float32
+  operands. The halves rule was frozen before it (register A: held out); that ``imm-scale-b``
+  negates the assembled value was read off its descriptor form.
 """
 from __future__ import annotations
 
@@ -22,6 +27,8 @@ from test_wgmma_regs_hw import descs, hashed_image, plane_image, smem
 DEV = "wgmma_sp_sm90.npz"
 HELD = "wgmma_sp_sm90_20261201.npz"
 CAPTURES = [DEV, HELD]
+# tf32 with undefined metadata (any index pairs) on random operands: B values assembled from halves
+TF32ANY = ["wgmma_sp_tf32any_sm90_20261202.npz"]
 
 
 def forms(name, prefix):
@@ -112,10 +119,10 @@ def test_descriptor_layouts_random(name):
                                           err_msg=f"{f} tile {t}")
 
 
-@pytest.mark.parametrize("name", CAPTURES)
+@pytest.mark.parametrize("name", CAPTURES + TF32ANY)
 def test_numerics_bit_exact(name):
     z = capture(name)
-    for f in forms(name, "num_") + forms(name, "rd_"):
+    for f in forms(name, "num_") + forms(name, "rd_") + forms(name, "any_"):
         sp = str(z[f + ".spelling"])
         ins, wg = parse(sp), tcemu.ptx(sp, arch="H100")
         for t in range(len(z[f + ".sel"])):

@@ -160,12 +160,17 @@ def positions(ins: SparseMma, metadata):
     return (j // ins.kept) * ins.group + jnp.asarray(metadata).astype(jnp.int32)
 
 
-def sparse_mma_bits(ins: SparseMma, a, b, c, pos, model, *, arch, key=None):
+def sign_bit(etype: str):
+    """The sign bit of an element's bits (tf32: bit 31 of its float32 container)."""
+    return jnp.uint32(1 << (31 if etype == "tf32" else ELEMENT_BITS[etype] - 1))
+
+
+def sparse_mma_bits(ins: SparseMma, a, b, c, pos, model, *, arch, key=None, neg_b=False):
     """``D = sum_j A[r, j] B[pos[r, j], :] + C`` on encoded operands (``numerics.mma`` encodings):
     A (..., 16, K/2), B (..., K, N), C (..., 16, N), ``pos`` (..., 16, K/2), or for tf32 the
     halves of B each element reads (..., 16, K/2, 2) (:func:`tcemu._src.layouts.sparse.tf32_halves`).
     The kept products run as the dense MMA of K/2 (:meth:`SparseMma.dense_equivalent`), one per row
-    of A."""
+    of A; ``neg_b`` negates the B values read (``imm-scale-b`` = -1)."""
     eq = ins.dense_equivalent()
     if ins.bits == 32:  # tf32 B values are assembled from 16-bit halves (L.tf32_halves)
         units = pos if pos.ndim == a.ndim + 1 else jnp.stack([2 * pos, 2 * pos + 1], -1)
@@ -174,6 +179,7 @@ def sparse_mma_bits(ins: SparseMma, a, b, c, pos, model, *, arch, key=None):
         bg = lo | (hi << 16)
     else:
         bg = jnp.take_along_axis(b[..., None, :, :], pos[..., :, :, None], axis=-2)  # (..., 16, K/2, N)
+    bg = bg ^ sign_bit(ins.btype) if neg_b else bg
     d = mma_numerics.mma_bits_batched(eq, a[..., :, None, :], bg, c[..., :, None, :], model, arch=arch, key=key)
     return d[..., 0, :]
 

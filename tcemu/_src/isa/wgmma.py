@@ -224,10 +224,10 @@ class WgmmaRegs(Instruction):
 
     def _mma(self, regs, smem, a_addr, b_addr, scale_d, key, d, a, neg, e=None, sel=0):
         A, B, C = self._operands(regs, smem, a_addr, b_addr, scale_d, d, a, neg)
-        D = jax.lax.optimization_barrier(self._product(regs, A, B, C, key, e, sel))
+        D = jax.lax.optimization_barrier(self._product(regs, A, B, C, key, e, sel, neg))
         return write_regs(regs, d, matrix_to_fragment(_from_numeric(D, self.ins.dtype), self.fd))
 
-    def _product(self, regs, A, B, C, key, e, sel):
+    def _product(self, regs, A, B, C, key, e, sel, neg):
         ins = self.ins
         if key is None:
             return mma_numerics.mma_bits_vmappable(ins, self.model, self.arch)(A, B, C)

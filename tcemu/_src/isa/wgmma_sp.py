@@ -37,9 +37,11 @@ class WgmmaSpRegs(WgmmaRegs):
     def __init__(self, ins: SP.SparseMma, arch, model=None):
         super().__init__(ins, arch, model, ka=ins.k // 2)
 
-    def _product(self, regs, A, B, C, key, e, sel):
+    def _product(self, regs, A, B, C, key, e, sel, neg):
         pos = SP.register_positions(self.ins, regs[:, e], sel)
-        return SP.sparse_mma_bits(self.ins, A, B, C, pos, self.model, arch=self.arch, key=key)
+        if neg[1]:  # imm-scale-b negates the B value a product reads (tf32: after its halves are assembled)
+            B = B ^ SP.sign_bit(self.ins.btype)
+        return SP.sparse_mma_bits(self.ins, A, B, C, pos, self.model, arch=self.arch, key=key, neg_b=neg[1])
 
     def __call__(self, regs, smem, *, d, b_desc, sp_meta, a=None, a_desc=None, sp_sel=0, scale_d=1, imm_scale_a=1,
                  imm_scale_b=1, tnsp_a=0, tnsp_b=0, key=None):
