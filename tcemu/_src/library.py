@@ -224,15 +224,26 @@ def _xla_autotune_off(gpu: str, M: int, N: int, K: int, batch: int | None, a: st
     S = xla_split_k(M, N, K, batch, a, b, out)
     fused_out = 32 if S > 1 else _bits(out)
     block_k = 16 if _xla_occupancy(M, N, (batch or 1) * S, fused_out) else 64
+    return xla_triton_config(gpu, a, b, S, block_k)
+
+
+def xla_triton_config(gpu: str, a: str, b: str, S: int, block_k: int, reduction: str | None = None,
+                      threads: int = 1, lanes: int = 0) -> GemmConfig:
+    """An XLA Triton GEMM: S split-K slices of 16 bytes' alignment in k-tiles of ``block_k`` (16-bit
+    inputs: the k16 MMA; fp8: the wgmma, or below 32-element k-tiles the f16 MMA on widened
+    inputs), the float32 partials reduced by ``reduction`` (default: XLA's reduction emitters, in
+    order below 32 slices, a warp-shuffle tree from 32; a Triton reduction: "pairwise" over
+    ``threads`` threads, ``lanes`` a warp)."""
     if a in ("f16", "bf16"):
         ins = f"m16n8k16.f32.{a}.{b}.f32"
     else:
         ins = "m16n8k16.f32.f16.f16.f32" if block_k < 32 else f"wgmma.mma_async.sync.aligned.m64n8k32.f32.{a}.{b}"
     if S == 1:
         return GemmConfig(arch=gpu, instruction=ins, schedule=KSchedule())
+    reduction = reduction or ("sequential" if S < 32 else "shuffle")
     return GemmConfig(arch=gpu, instruction=ins,
                       schedule=KSchedule(slices=S, k_tile=block_k, slice_align=slice_alignment(a, b),
-                                         reduction="sequential" if S < 32 else "shuffle"))
+                                         reduction=reduction, reduce_threads=threads, reduce_lanes=lanes))
 
 
 def nearest_row(lib: str, *, arch: str, M: int, N: int, K: int, a: str, b: str, out: str, batch: int | None,

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from tcemu._src.gemm import Epilogue, GemmConfig, KSchedule
 from tcemu._src import library_records as R
+from tcemu._src import library_xla as X
 from tcemu._src.library import (LIBRARIES, check_common, cublas_family, distance, gemm_config, gemm_config_sourced,
                                 nearest_row)
 
@@ -137,7 +138,7 @@ def layer_config(lib: str, *, gpu: str, M: int, N: int, K: int, a: str, out: str
 
 
 def library_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, batch: int | None = None,
-                   records=None, strict: bool = False, with_source: bool = False, **flags):
+                   records=None, strict: bool = False, with_source: bool = False, hlo=None, **flags):
     """The :class:`GemmConfig` with which ``tcemu.matmul`` gives what ``lib`` returns on ``arch``.
 
     ``lib``: "torch.mm", "torch.bmm", "torch._scaled_mm" or "jnp.dot" (bare GEMMs), or a layer
@@ -173,6 +174,11 @@ def library_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, ba
     nearest measured shape's configuration, the measured table's included: a guess);
     ``strict=True`` raises ``ValueError`` instead of guessing.
 
+    ``hlo`` (jnp.dot): the optimised HLO of the user's own compiled function (``jax.jit(f).lower(x,
+    y).compile().as_text()``, or a file holding it): with the autotuner on, the kernel XLA kept in
+    that process is read off it (:mod:`~tcemu._src.library_xla`): source "compiled" for a Triton
+    GEMM, "recorded" for a cuBLAS call the records hold; otherwise the answer without it.
+
     >>> import tcemu
     >>> cfg = tcemu.library_config("jnp.dot", arch="H100", M=128, N=128, K=8192, a="bf16", b="bf16",
     ...                            out="f32", xla_autotune=False)
@@ -187,8 +193,10 @@ def library_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, ba
     for name, v in (("strict", strict), ("with_source", with_source)):
         if not isinstance(v, bool):
             raise TypeError(f"library_config: {name} must be True or False, got {v!r}")
-    cfg, source = _answer(lib, arch, M, N, K, a, b, out, batch, records, flags)
-    if strict and source not in ("recorded", "rule"):
+    if hlo is not None and lib != "jnp.dot":
+        raise ValueError(f"library_config: hlo= is for jnp.dot (XLA's compiled choice), not {lib}")
+    cfg, source = _answer(lib, arch, M, N, K, a, b, out, batch, records, flags, hlo)
+    if strict and source not in ("recorded", "rule", "compiled"):
         raise ValueError(f"library_config: no record or rule answers {lib} on {arch} at {M}x{N}x{K} "
                          f"({a} x {b} -> {out}, batch {batch}, flags {flags}); strict=True refuses the nearest "
                          "measured shape's configuration (run tcemu.record on the GPU for this shape)")
@@ -212,12 +220,21 @@ def _recorded_epilogue(lib: str, f: dict, row: dict, epi: Epilogue) -> Epilogue:
     return epi
 
 
-def _answer(lib, arch, M, N, K, a, b, out, batch, records, flags):
+def _answer(lib, arch, M, N, K, a, b, out, batch, records, flags, hlo=None):
     """(config, source) of :func:`library_config`."""
     if lib not in LIBRARIES and lib not in LAYERS:
         raise ValueError(f"library_config: lib must be one of {', '.join(list(LIBRARIES) + list(LAYERS))}, got {lib!r}")
     gpu, M, N, K, a, b, out = check_common(arch, M, N, K, a, b, out, batch)
     path = R.records_path(records, arch, gpu)
+    if hlo is not None:
+        def recorded(lib2, f):
+            base = _scaled_mm(dict(arch=arch, M=M, N=N, K=K, a=a, b=b, out=out, batch=batch), f)[0] \
+                if lib2 == "torch._scaled_mm" else None
+            return R.answer(path, lib2, gpu, M, N, K, a, b, out, batch, f, **({"base": base} if base else {})) \
+                if path else None
+        got = X.config_from_hlo(gpu, M, N, K, batch, a, b, out, hlo, recorded)
+        if got is not None:
+            return got
     if lib == "torch._scaled_mm":
         cfg, source = _scaled_mm(dict(arch=arch, M=M, N=N, K=K, a=a, b=b, out=out, batch=batch), flags)
         scaling = flags.get("scaling", "tensor")
