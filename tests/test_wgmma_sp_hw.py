@@ -9,7 +9,8 @@ registers or a descriptor, the dense B at its descriptor, numerics.
   kinds and random descriptors over hashed images.
 * ``wgmma_sp_tf32any_sm90_20261202.npz`` (H200): tf32 with any index pairs on raw float32
   operands. The halves rule was frozen before it (register A: held out); that ``imm-scale-b``
-  negates the assembled value was read off its descriptor form.
+  negates the assembled value was read off its descriptor form, then held out on
+  ``..._20261203.npz`` (H200, captured after that rule was committed).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ DEV = "wgmma_sp_sm90.npz"
 HELD = "wgmma_sp_sm90_20261201.npz"
 CAPTURES = [DEV, HELD]
 # tf32 with undefined metadata (any index pairs) on random operands: B values assembled from halves
-TF32ANY = ["wgmma_sp_tf32any_sm90_20261202.npz"]
+TF32ANY = ["wgmma_sp_tf32any_sm90_20261202.npz", "wgmma_sp_tf32any_sm90_20261203.npz"]
 
 
 def forms(name, prefix):
