@@ -9,12 +9,14 @@ it (measured on the H100 and H200 captures of ``experiments/hardware/library_gem
   numerics as XLA's rules with the autotuner off (:func:`tcemu._src.library.xla_triton_config`);
 * the split-K partials reduced by a Triton reduction fusion (``kind":"__triton"``): a pairwise
   tree over the threads that hold one output element's partials in Triton's blocked layout of the
-  reduction's tile: 16-byte vectors along the output row (one element with TMA loads), threads
-  then warps filling the row, the tile's rows, then the slices; otherwise by XLA's reduction
+  reduction's tile (sides rounded up to powers of two): 16-byte vectors along the output row (one
+  element with TMA loads), threads then warps filling the row, the tile's rows, then the slices;
+  otherwise by XLA's reduction
   emitters (in order below 32 slices, a warp-shuffle tree from 32);
 * a cuBLAS call (``__cublas$lt$matmul``, ``__cublas$gemm``; fp8 ``...$f8``): cuBLAS's choice
   recorded for PyTorch's call of the same shape and types (``torch.mm`` / ``torch.bmm``; fp8:
-  ``torch._scaled_mm`` with fast accumulation, as XLA calls it), where the records hold one.
+  ``torch._scaled_mm`` with fast accumulation, as XLA calls it), where the records hold one;
+  else one nvjet chain, alone or per slice of XLA's own split-K (:func:`_cublas`).
 """
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ import math
 import re
 from pathlib import Path
 
-from tcemu._src.library import xla_triton_config
+from tcemu._src.gemm import GemmConfig, KSchedule
+from tcemu._src.library import slice_alignment, xla_triton_config
 
 _SHAPE = r"(\w+)\[([\d,]*)\]\{[\d,]*\}"
 _FUSION = re.compile(r"%(\S+) = " + _SHAPE + r" fusion\((.*?)\).*?backend_config=(\{.*)$")
@@ -75,8 +78,10 @@ def gemms(text: str) -> list[dict]:
                     and "reduce_fusion" in f[3]), None)
         out.append({"kind": "triton", "dims": dims, "block_k": ks[0] if ks else None, "reduce": red})
     for m in map(_CUBLAS.search, lines):
-        if m:
-            out.append({"kind": "cublas", "dims": _dims(m.group(2)), "target": m.group(3), "split": "reduce(" in text})
+        if m:  # its partials (through get-tuple-element and bitcasts) meet the module's reduction
+            red = next((f for f in fusions.values() if "reduce_fusion" in f[3]), None)
+            out.append({"kind": "cublas", "dims": _dims(m.group(2)), "target": m.group(3), "split": "reduce(" in text,
+                        "reduce": red})
     return out
 
 
@@ -86,7 +91,7 @@ def reduce_tree(red, S: int) -> tuple[str, int, int]:
         return ("sequential" if S < 32 else "shuffle"), 1, 0
     blk = _block(red[2])
     tile, warps = blk["tile"], blk["num_warps"]
-    cols, rows = tile[-1], math.prod(tile[:-1])
+    cols, rows = (1 << (max(x, 1) - 1).bit_length() for x in (tile[-1], math.prod(tile[:-1])))  # Triton: powers of 2
     vec = 1 if blk.get("is_tma_allowed") else min(4, cols)
     t_cols = min(32, max(1, cols // vec))
     t_rows = min(32 // t_cols, rows)
@@ -112,14 +117,34 @@ def config_from_hlo(gpu: str, M: int, N: int, K: int, batch, a: str, b: str, out
         if g["kind"] == "triton" and g["block_k"]:
             red, threads, lanes = reduce_tree(g["reduce"], S)
             return xla_triton_config(gpu, a, b, S, g["block_k"], red if S > 1 else None, threads, lanes), "compiled"
-        if g["kind"] == "cublas" and S == 1 and not g["split"]:
-            fp8 = g["target"].endswith("$f8")
-            if fp8:
-                rec = records_answer("torch._scaled_mm", {"use_fast_accum": True})
-            elif out == a:
-                rec = records_answer("torch.bmm" if batch else "torch.mm", {"reduced_precision_reduction": True})
-            else:
-                rec = None
-            if rec is not None:
-                return rec[0], "recorded"
+        if g["kind"] == "cublas":
+            return _cublas(gpu, a, b, out, batch, S, g, records_answer)
     return None
+
+
+def _cublas(gpu, a, b, out, batch, S, g, records_answer):
+    """A cuBLAS call: the records' choice for the same torch call where they hold it (unsplit);
+    else cuBLASLt's nvjet kernel, one chain of k-tiles (64 elements; fp8 with fast accumulation:
+    128), residue last: alone (16-bit inputs to f32 output, which torch never asks for), or per
+    slice of XLA's own split-K (a batched call of S slices of 16 bytes' alignment), the partials
+    then reduced as a Triton GEMM's are (:func:`reduce_tree`)."""
+    fp8 = g["target"].endswith("$f8")
+    if S == 1 and not g["split"]:
+        if fp8:
+            rec = records_answer("torch._scaled_mm", {"use_fast_accum": True})
+        elif out == a:
+            rec = records_answer("torch.bmm" if batch else "torch.mm", {"reduced_precision_reduction": True})
+        else:
+            rec = None
+        if rec is not None:
+            return rec[0], "recorded"
+    ins = f"wgmma.mma_async.sync.aligned.m64n8k32.f32.{a}.{b}" if fp8 else f"m16n8k16.f32.{a}.{b}.f32"
+    k_tile = 128 if fp8 else 64
+    if S == 1:
+        if g["split"] or (fp8 or out == a):  # a reduce we cannot place, or a case the records should hold
+            return None
+        return GemmConfig(arch=gpu, instruction=ins, schedule=KSchedule(k_tile=k_tile)), "compiled"
+    red, threads, lanes = reduce_tree(g["reduce"], S)
+    return GemmConfig(arch=gpu, instruction=ins, schedule=KSchedule(
+        slices=S, k_tile=k_tile, slice_align=slice_alignment(a, b), reduction=red, reduce_threads=threads,
+        reduce_lanes=lanes)), "compiled"
