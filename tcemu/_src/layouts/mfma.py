@@ -34,6 +34,7 @@ import dataclasses
 import functools
 import re
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -307,12 +308,28 @@ def unpack(ins: Mfma, matrix: str, words, *, cbsz: int = 0, abid: int = 0, blgp:
     if words.shape != (64, frag.nregs) or words.dtype != jnp.uint32:
         raise ValueError(f"{ins.spelling} {matrix}: words must be uint32 (64, {frag.nregs}), "
                          f"not {words.dtype} {words.shape}")
-    B, rows, cols = ins.shape(matrix)
-    lane, reg, bit = locate(ins, matrix, *np.indices((B, rows, cols)), cbsz=cbsz, abid=abid, blgp=blgp)
-    if frag.bits == 64:
-        return jnp.stack([words[lane, reg], words[lane, reg + 1]], -1)
-    val = words[lane, reg] >> jnp.asarray(bit, jnp.uint32)
-    return val & jnp.uint32((1 << frag.bits) - 1) if frag.bits < 32 else val
+    lane, reg, bit = locate(ins, matrix, *np.indices(ins.shape(matrix)), cbsz=cbsz, abid=abid, blgp=blgp)
+    index = lane * frag.nregs + reg
+    if frag.bits == 64:  # (low, high) words
+        index, bit = np.stack([index, index + 1], -1), np.zeros(index.shape + (2,), np.int64)
+    return _extract(words, jnp.asarray(index, jnp.int32), jnp.asarray(bit, jnp.uint32), bits=min(frag.bits, 32))
+
+
+@functools.partial(jax.jit, static_argnames="bits")
+def _extract(words, index, shift, bits):
+    """Bits ``[shift, shift + bits)`` of the flat VGPR ``index`` (compiled once per shape)."""
+    val = words.reshape(-1)[index] >> shift
+    return val & jnp.uint32((1 << bits) - 1) if bits < 32 else val
+
+
+@functools.partial(jax.jit, static_argnames="bits")
+def _insert(x, slots, bits):
+    """VGPRs from the element bits ``x`` and each field's flat element index ``slots``."""
+    v = x.reshape(-1)[slots]
+    if bits < 32:
+        v = v & jnp.uint32((1 << bits) - 1)
+    shifts = jnp.arange(v.shape[-1], dtype=jnp.uint32) * jnp.uint32(bits % 32)
+    return jnp.sum(v << shifts, axis=-1, dtype=jnp.uint32)  # disjoint bit fields: sum == or
 
 
 @functools.lru_cache(maxsize=None)
@@ -346,8 +363,4 @@ def pack(ins: Mfma, matrix: str, x):
     shape = ins.shape(matrix) + ((2,) if frag.bits == 64 else ())
     if x.shape != shape or x.dtype != jnp.uint32:
         raise ValueError(f"{ins.spelling} {matrix}: x must be uint32 {shape}, not {x.dtype} {x.shape}")
-    v = x.reshape(-1)[_slots(ins, matrix)]
-    if frag.bits < 32:
-        v = v & jnp.uint32((1 << frag.bits) - 1)
-    shifts = jnp.asarray(np.arange(v.shape[-1], dtype=np.uint32) * min(frag.bits, 32))
-    return jnp.sum(v << shifts, axis=-1, dtype=jnp.uint32)  # disjoint bit fields: sum == or
+    return _insert(x, jnp.asarray(_slots(ins, matrix)), bits=min(frag.bits, 32))
