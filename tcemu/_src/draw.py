@@ -60,6 +60,31 @@ def fragment_view(f, matrix=None):
                          f"cop{'y' if frag.copies == 1 else 'ies'} of each element ({frag.source})")
 
 
+def mfma_view(spelling: str, arch: str, matrix=None):
+    """(fragment, title, header) of operand ``matrix`` ("a".."d", default "a") of the AMD MFMA
+    ``spelling`` on ``arch`` (gfx908/gfx90a/gfx942 or MI100, MI250X, MI300X, ...), from
+    :mod:`tcemu._src.layouts.mfma`; label it with ``names=("L", "v")`` (lane, VGPR). Multi-block
+    forms show their blocks stacked: along rows for A and C/D, along columns for B.
+
+    >>> frag, title, header = mfma_view("v_mfma_f32_32x32x8_f16", "MI300X")
+    >>> print(header)
+    v_mfma_f32_32x32x8_f16 [a] on gfx942: 32 x 8 (1 block: M x K), 2 VGPRs/lane of 64 lanes, ...
+    >>> print(fragment_text(frag, names=("L", "v")).splitlines()[4])
+      3   L3:v0.0   L3:v0.1   L3:v1.0   L3:v1.1  L35:v0.0  L35:v0.1  L35:v1.0  L35:v1.1
+    """
+    from tcemu._src.layouts.mfma import mfma
+
+    ins = mfma(spelling, arch)
+    matrix = matrix or "a"
+    frag = ins.fragment(matrix)
+    blocks, rows, cols = ins.shape(matrix)
+    dims = {"a": "M x K", "b": "K x N"}.get(matrix, "M x N")
+    stack = "" if blocks == 1 else f", stacked along {'columns' if matrix == 'b' else 'rows'}"
+    title = f"{ins.spelling} [{matrix}] on {ins.arch}"
+    return frag, title, (f"{title}: {rows} x {cols} ({blocks} block{'s' if blocks > 1 else ''}: {dims}{stack}), "
+                         f"{frag.nregs} VGPRs/lane of 64 lanes, element bits from bit 0 ({frag.source})")
+
+
 def smem_view(f, desc, matrix=None, tnsp=False):
     """(addresses, title, header): the shared-memory byte address of each element of operand ``matrix``
     ("a" or "b", default "b") of the wgmma ``f`` read through descriptor ``desc``, as A (64, K)
@@ -91,10 +116,12 @@ def _table(rows, cols, text) -> str:
     return "\n".join(out)
 
 
-def fragment_text(frag: Fragment) -> str:
-    """The fragment as a table: T<lane>:x<register>[.<slot>] of the first holder of each element."""
+def fragment_text(frag: Fragment, names: tuple[str, str] = ("T", "x")) -> str:
+    """The fragment as a table: T<lane>:x<register>[.<slot>] of the first holder of each element
+    (``names``: the lane and register prefixes; AMD's are ``("L", "v")``)."""
     per = frag.per_reg
-    text = {k: f"T{v[0][0]}:x{v[0][1]}" + (f".{v[0][2]}" if per > 1 else "") for k, v in holders(frag).items()}
+    text = {k: f"{names[0]}{v[0][0]}:{names[1]}{v[0][1]}" + (f".{v[0][2]}" if per > 1 else "")
+            for k, v in holders(frag).items()}
     return _table(frag.rows, frag.cols, text)
 
 
@@ -104,10 +131,11 @@ def address_text(addr) -> str:
     return _table(*addr.shape, {(r, c): str(int(addr[r, c])) for r in range(addr.shape[0]) for c in range(addr.shape[1])})
 
 
-def draw_fragment(frag: Fragment, title: str = "", path=None):
+def draw_fragment(frag: Fragment, title: str = "", path=None, names: tuple[str, str] = ("T", "x")):
     """A matrix picture: every element coloured by the lane holding it and labelled T<lane> x<reg>
-    (with .<slot> when a register packs several elements; +n when n more lanes hold copies).
-    Saves a PNG when ``path`` is given; returns the matplotlib figure."""
+    (with .<slot> when a register packs several elements; +n when n more lanes hold copies;
+    ``names``: the lane and register prefixes). Saves a PNG when ``path`` is given; returns the
+    matplotlib figure."""
     if not isinstance(frag, Fragment):
         raise TypeError(f"frag must be a Fragment (e.g. tcemu.ptx(...).fragment), got {type(frag).__name__}")
     plt = _plt()
@@ -125,7 +153,7 @@ def draw_fragment(frag: Fragment, title: str = "", path=None):
     per = frag.per_reg
     for (r, c), hs in cells.items():
         lane, reg, slot = hs[0]
-        label = f"T{lane}\nx{reg}" + (f".{slot}" if per > 1 else "") + (f"\n+{len(hs) - 1}" if len(hs) > 1 else "")
+        label = f"{names[0]}{lane}\n{names[1]}{reg}" + (f".{slot}" if per > 1 else "") + (f"\n+{len(hs) - 1}" if len(hs) > 1 else "")
         ax.text(c, r, label, ha="center", va="center", fontsize=fs)
     ax.set_xticks(range(frag.cols))
     ax.set_yticks(range(frag.rows))

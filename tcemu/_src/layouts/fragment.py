@@ -1,8 +1,8 @@
 """Fragment layouts: which lane and register of a warp holds which element of a matrix.
 
 A :class:`Fragment` is a *linear layout* over GF(2), the representation Triton uses for its
-``LinearLayout``: every bit of the lane index (0..31 for a warp, 0..127 for a Hopper warpgroup,
-whose lane ``32 w + l`` is lane ``l`` of warp ``w``) and of the value index contributes a fixed
+``LinearLayout``: every bit of the lane index (0..31 for a warp, 0..63 for an AMD wavefront, 0..127 for a Hopper
+warpgroup, whose lane ``32 w + l`` is lane ``l`` of warp ``w``) and of the value index contributes a fixed
 (row, col) offset, combined with XOR (for the tensor-core layouts the offsets are disjoint powers
 of two, so XOR is plain addition). A zero offset means the element is replicated along that bit.
 
@@ -45,14 +45,14 @@ class Fragment:
     source: str = ""
 
     def __post_init__(self):
-        if len(self.lane_bases) not in (5, 7):
-            raise ValueError("a fragment needs 5 lane bases (a warp) or 7 (a warpgroup)")
+        if len(self.lane_bases) not in (5, 6, 7):
+            raise ValueError("a fragment needs 5 lane bases (a warp), 6 (a wavefront) or 7 (a warpgroup)")
         if not self.nvalues <= 1 << len(self.value_bases) < 2 * self.nvalues:
             raise ValueError(f"{len(self.value_bases)} value bases for {self.nvalues} values")
 
     @property
     def lanes(self) -> int:
-        """32 (a warp) or 128 (a warpgroup)."""
+        """32 (a warp), 64 (a wavefront) or 128 (a warpgroup)."""
         return 1 << len(self.lane_bases)
 
     @property
