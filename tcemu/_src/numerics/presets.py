@@ -191,11 +191,27 @@ def _rtx_blackwell() -> ArchNumerics:
         notes="from [MS25] (MMA-Sim, validated by its authors on an RTX 5090); no published vectors")
 
 
+# AMD CDNA matrix cores: taken from a peer model ([MS25] MMA-Sim 2.1.1, ``mmasim/amd/sim.py``), not
+# measured. CDNA3 (gfx942): f16/bf16 blocks of 8 and xf32 blocks of 4 products, F=24, F2=31, RNE
+# (MMA_TR_FDPA); fp8/bf8 blocks of 16 with even and odd products summed apart (MMA_GTR_FDPA).
+# f32 and f64 MFMAs are chains of correctly rounded FMAs (no BlockFMA: tcemu._src.numerics.mma).
+_PEER = "taken from a peer model (MMA-Sim 2.1.1), not measured"
+CDNA3_TR = BlockFMA(fraction_bits=24, block_size=8, rounding="rne", zero_exponent=None, addend_alignment="floor",
+                    sum_fraction_bits=31, product_overflow="inf")
+
+
+def _cdna3() -> ArchNumerics:
+    return ArchNumerics("gfx942", f16=CDNA3_TR, bf16=CDNA3_TR, tf32=CDNA3_TR.replace(block_size=4),
+                        fp8_mma=CDNA3_TR.replace(block_size=16, split_even_odd=True, product_overflow="none"),
+                        notes=f"CDNA3 (MI300A/MI300X/MI325X): {_PEER}")
+
+
 PRESETS: dict[str, ArchNumerics] = {
     "sm_70": _volta(), "sm_72": _volta("sm_72", _ASSUMED.format("sm_70", "Volta", "Jetson AGX Xavier")),
     "sm_75": _turing(), "sm_80": _ampere("sm_80"), "sm_86": _ampere("sm_86"),
     "sm_87": _ampere("sm_87", _ASSUMED.format("sm_80/sm_86", "Ampere", "Jetson Orin")),
     "sm_89": _ada(), "sm_90": _hopper(), "sm_100": _blackwell(), "sm_120": _rtx_blackwell(),
+    "gfx942": _cdna3(),
 }
 
 
