@@ -187,7 +187,8 @@ def _bind_tcgen05(t: P.Tcgen05, a, b, c, scale_a):
     return t.bind(types[0], types[1], dtype, int(jnp.shape(a)[-2]), int(jnp.shape(b)[-1]), stype)
 
 
-def mma(spelling: str, a, b, c, *, arch="sm_90", model=None, key=None, scale_a=None, scale_b=None, metadata=None):
+def mma(spelling: str, a, b, c, *, arch="sm_90", model=None, key=None, scale_a=None, scale_b=None, metadata=None,
+        **amd):
     """Value-level MMA: ``d = a @ b + c`` with the exact numerics of ``spelling`` on ``arch``.
 
     ``a`` (..., M, K), ``b`` (..., K, N), ``c`` (..., M, N) are typed arrays (float16, bfloat16,
@@ -224,7 +225,24 @@ def mma(spelling: str, a, b, c, *, arch="sm_90", model=None, key=None, scale_a=N
     ...               scale_b=np.full((4, 8), 1, ml_dtypes.float8_e4m3fn))
     >>> float(d[0, 0])    # 64 * 1.5 * 2 * 0.5
     96.0
+
+    AMD MFMAs (``v_mfma_...`` on gfx908/gfx90a/gfx942, MI100 ... MI325X) take ``cbsz``, ``abid``
+    and ``neg`` (``**amd``; see :mod:`tcemu._src.api_mfma`); their blocks are batch entries:
+
+    >>> import ml_dtypes
+    >>> a8 = np.full((16, 32), 0.5, ml_dtypes.float8_e4m3fnuz); b8 = np.full((32, 16), 2, ml_dtypes.float8_e5m2fnuz)
+    >>> float(tcemu.mma("v_mfma_f32_16x16x32_fp8_bf8", a8, b8, np.zeros((16, 16), np.float32), arch="MI300X")[0, 0])
+    32.0
     """
+    if isinstance(spelling, str) and spelling.strip().startswith("v_mfma"):
+        from tcemu._src.api_mfma import mfma
+
+        if key is not None or scale_a is not None or scale_b is not None or metadata is not None:
+            raise ValueError(f"{spelling}: key, scale_a, scale_b and metadata are not MFMA arguments")
+        return mfma(spelling, a, b, c, arch=arch, model=model, **amd)
+    if amd:
+        raise TypeError(f"mma() got unexpected keyword arguments {', '.join(sorted(amd))} (cbsz, abid and neg "
+                        "are for AMD v_mfma_* instructions)")
     ins = P.parse(spelling)
     if isinstance(ins, P.Tcgen05):
         ins = _bind_tcgen05(ins, a, b, c, scale_a)

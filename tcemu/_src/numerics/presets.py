@@ -206,11 +206,19 @@ def _cdna3() -> ArchNumerics:
                         notes=f"CDNA3 (MI300A/MI300X/MI325X): {_PEER}")
 
 
+def _cdna12(name: str, gen: str, gpus: str) -> ArchNumerics:
+    # f32/f64 MFMAs (FMA chains) need no BlockFMA; f16/bf16 ([MS25] MMA_E_FDPA on CDNA1,
+    # MMA_FTZ_MUL_ADD on CDNA2) are not modelled by tcemu yet
+    return ArchNumerics(name, notes=f"{gen} ({gpus}): f32/f64 MFMAs only (FMA chains, {_PEER}); its f16/bf16 "
+                                    "MFMAs are not modelled yet")
+
+
 PRESETS: dict[str, ArchNumerics] = {
     "sm_70": _volta(), "sm_72": _volta("sm_72", _ASSUMED.format("sm_70", "Volta", "Jetson AGX Xavier")),
     "sm_75": _turing(), "sm_80": _ampere("sm_80"), "sm_86": _ampere("sm_86"),
     "sm_87": _ampere("sm_87", _ASSUMED.format("sm_80/sm_86", "Ampere", "Jetson Orin")),
     "sm_89": _ada(), "sm_90": _hopper(), "sm_100": _blackwell(), "sm_120": _rtx_blackwell(),
+    "gfx908": _cdna12("gfx908", "CDNA1", "MI100"), "gfx90a": _cdna12("gfx90a", "CDNA2", "MI210/MI250/MI250X"),
     "gfx942": _cdna3(),
 }
 
