@@ -207,3 +207,59 @@ def test_cdna3_f16_against_exact(terms, cm, ce):
         assume(not (acc and (acc / grid).denominator != 1 or exact and abs(exact) >= Fraction(2) ** (top + 8)))
         acc = Fraction(float(np.float32(float(exact))))   # one RNE (float() of a Fraction is exact-then-round)
     assert Fraction(float(d)) == acc
+
+
+@pytest.mark.parametrize("instruction", ["v_mfma_f32_32x32x8_f16", "v_mfma_f32_16x16x16_bf16",
+                                         "v_mfma_f32_16x16x8_xf32", "v_mfma_f32_16x16x32_fp8_bf8"])
+def test_gemm_chains_the_instruction(instruction):
+    """tcemu.matmul with an MFMA (sequential K order) is the chain of that MFMA over K tiles of
+    the quantised inputs, tile by tile; gradients flow (straight-through, as for NVIDIA)."""
+    cfg = tcemu.GemmConfig(arch="MI300X", instruction=instruction)
+    ins = cfg.ins
+    rng = np.random.default_rng(2)
+    M, N, K = 2 * ins.m, ins.n, 3 * ins.k
+    a = rng.standard_normal((M, K)).astype(np.float32)
+    b = rng.standard_normal((K, N)).astype(np.float32)
+    d = np.asarray(tcemu.matmul(jnp.asarray(a), jnp.asarray(b), config=cfg))
+    qa = np.asarray(tcemu.quantize(a, ins.atype)).astype(DTYPES[ins.atype])
+    qb = np.asarray(tcemu.quantize(b, ins.btype)).astype(DTYPES[ins.btype])
+    acc = np.zeros((M, N), np.float32)
+    for k0 in range(0, K, ins.k):
+        for m0 in range(0, M, ins.m):
+            acc[m0:m0 + ins.m] = tcemu.mma(instruction, qa[m0:m0 + ins.m, k0:k0 + ins.k], qb[k0:k0 + ins.k],
+                                           acc[m0:m0 + ins.m], arch="MI300X")
+    assert np.array_equal(d.view(np.uint32), acc.view(np.uint32))
+    g = jax.grad(lambda x: tcemu.matmul(x, jnp.asarray(b), config=cfg).sum())(jnp.asarray(a))
+    assert g.shape == a.shape and np.isfinite(np.asarray(g)).all()
+
+
+def test_gemm_config_errors():
+    with pytest.raises(ValueError, match="f32/f64 MFMAs are FMA chains"):
+        tcemu.GemmConfig(arch="MI300X", instruction="v_mfma_f32_32x32x2_f32")
+    with pytest.raises(ValueError, match="not an MFMA of gfx942"):
+        tcemu.GemmConfig(arch="MI300X", instruction="v_mfma_f32_32x32x8_f17")
+    with pytest.raises(ValueError, match="no f16 mfma numerics for gfx908"):
+        tcemu.GemmConfig(arch="MI100", instruction="v_mfma_f32_32x32x8f16")
+
+
+@pytest.mark.parametrize("etype,dtype", [("e4m3fnuz", ml_dtypes.float8_e4m3fnuz), ("e5m2fnuz", ml_dtypes.float8_e5m2fnuz)])
+def test_quantize_fnuz(etype, dtype):
+    """RNE is ml_dtypes' conversion (overflow, inf, NaN -> NaN 0x80; -0 -> +0); stochastic rounding
+    lands on one of the two neighbours and never on 0x80 for a number in range."""
+    x = np.array([-0.0, 1e6, -1e6, np.inf, np.nan, -1e-9, 0.3, -17.5, 2.0 ** -10], np.float32)
+    assert np.array_equal(np.asarray(tcemu.quantize(x, etype)), x.astype(dtype).astype(np.float32), equal_nan=True)
+    s = np.asarray(tcemu.quantize(x, etype, "stochastic", key=jax.random.key(0)))
+    assert np.isnan(s[1:5]).all() and not np.isnan(s[[0, 5, 6, 7, 8]]).any()
+    codes = tcemu._src.quant.elements.quantize_codes(jnp.asarray(x), etype, "stochastic", jax.random.key(1))
+    assert int(np.asarray(codes)[5]) == 0 and int(np.asarray(codes)[0]) == 0
+
+
+@pytest.mark.parametrize("fmt,block", [("f16", 8), ("bf16", 8), ("tf32", 4), ("e4m3fnuz", 16), ("e5m2fnuz", 16)])
+def test_probe_recovers_the_cdna3_preset(fmt, block):
+    """The black-box feature tests find the preset's truncation (F = 24), block size and RNE
+    rounding; the floor alignment of C, F2 and the even/odd split are not probe features yet."""
+    r = tcemu.probe("MI300X", fmt)
+    m = tcemu.numerics("MI300X").for_instruction(tcemu._src.isa.mfma.parse_mfma(r.instruction, "MI300X"))
+    assert (r.fraction_bits, r.block_size, r.rounding) == (m.fraction_bits, block, m.rounding) == (24, block, "rne")
+    wrong = tcemu.probe("MI300X", fmt, model=m.replace(block_size=max(block // 2, 4), rounding="rz"))
+    assert (wrong.block_size, wrong.rounding) == (max(block // 2, 4), "rz")

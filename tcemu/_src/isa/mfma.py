@@ -70,6 +70,10 @@ class Mfma:
     def generation(self) -> str:
         return AMD[self.arch]
 
+    # what the GEMM pipeline reads of an NVIDIA Mma: MFMAs have no block scales
+    scale_vec = None
+    scale_block = 0
+
 
 def _spell(arch: str, t: str, m: int, n: int, k: int, blocks: int) -> str:
     d = "f64" if t == "f64" else "f32"

@@ -11,11 +11,10 @@ to ``F2`` fraction bits and rounded into binary32. All of it is int32 arithmetic
     >>> import jax.numpy as jnp
     >>> from tcemu._src import formats as fm
     >>> from tcemu._src.numerics import presets, two_stage
-    >>> a = fm.to_bits(jnp.array([[1.0, 2.0**-20]], jnp.float16), "f16")
-    >>> b = fm.to_bits(jnp.array([[1.0], [-2.0**-10]], jnp.float16), "f16")
-    >>> c = fm.to_bits(jnp.zeros((1, 1), jnp.float32), "f32")
-    >>> d = two_stage.floor_dot(a, fm.F16, b, fm.F16, c, presets.numerics("MI300X").f16)
-    >>> float(fm.from_bits(d, "f32")[0, 0]) == 1.0 - 2.0**-24    # the -2**-30 floors to -2**-24
+    >>> one = fm.to_bits(jnp.ones((1, 1), jnp.float16), "f16")
+    >>> c = fm.to_bits(jnp.full((1, 1), -2.0**-30, jnp.float32), "f32")
+    >>> d = two_stage.floor_dot(one, fm.F16, one, fm.F16, c, presets.numerics("MI300X").f16)
+    >>> float(fm.from_bits(d, "f32")[0, 0]) == 1.0 - 2.0**-24    # C floors to -2**-24 at the sum's exponent
     True
 """
 from __future__ import annotations
