@@ -68,7 +68,12 @@ class BlockFMA:
       block_sum: "fused" (each block is summed together with the running accumulator, as in a
         tensor core) or "separate" (each block is summed and rounded alone, then added to the
         accumulator by one addition rounded with ``addend_rounding``: compiled CUDA-core code
-        such as sm_90's ``mma.m8n8k4`` with .f16 C/D, ``(C + fma(a1, b1, a0*b0)) + fma(a3, b3, a2*b2)``).
+        such as sm_90's ``mma.m8n8k4`` with .f16 C/D, ``(C + fma(a1, b1, a0*b0)) + fma(a3, b3, a2*b2)``)
+        or "pairwise" (AMD CDNA2 f16/bf16, [MS25] ``MMA_FTZ_MUL_ADD``: each product rounded to
+        binary32, a block of 2 or 4 summed as a tree of RNE binary32 additions and added to the
+        accumulator by one more; ``subnormal_inputs=False`` flushes inputs and C to +0,
+        ``subnormal_outputs=False`` products and sums to a zero of their sign;
+        :mod:`~tcemu._src.numerics.pairwise`).
       exact_zero: sign of a zero result: "+0" (NVIDIA tensor cores return +0 even when every
         addend is -0, [H200] ``tests/data/signed_zeros_sm90.npz``, and when a negative sum rounds
         to zero, [H100] ``tests/data/underflow_sm90.npz``; [MS25] adds +0.0 to every result) or
@@ -144,7 +149,7 @@ class BlockFMA:
             choice_field(self, name, ROUNDING_MODES)
         for name, choices in (("overflow", ("inf", "ieee")), ("tf32_conversion", ("truncate", "rna")),
                               ("addend", ("first", "last")), ("f16_accumulation", ("native", "f32")),
-                              ("block_sum", ("fused", "separate")), ("exact_zero", ("+0", "ieee")),
+                              ("block_sum", ("fused", "separate", "pairwise")), ("exact_zero", ("+0", "ieee")),
                               ("addend_alignment", ("fused", "floor")), ("product_overflow", ("none", "inf"))):
             choice_field(self, name, choices)
         for name in ("sticky", "normalize_products", "subnormal_inputs", "subnormal_outputs", "split_even_odd"):
@@ -182,8 +187,19 @@ _FLOOR_DEFAULTS = (("sticky", False), ("normalize_products", False), ("zero_expo
                    ("exact_zero", "+0"), ("scale_group", None))
 
 
+_PAIRWISE = (("rounding", "rne"), ("sticky", False), ("normalize_products", False), ("accumulator_fraction_bits", 23),
+             ("block_order", None), ("addend", "first"), ("exact_zero", "ieee"), ("scale_group", None),
+             ("addend_alignment", "fused"))
+
+
 def _check_floor(m: BlockFMA) -> None:
-    """The two-stage adder ("floor") runs with the defaults of the fields it does not read."""
+    """The two-stage adder ("floor") and the pairwise sum run with the defaults of the fields
+    they do not read."""
+    if m.block_sum == "pairwise":
+        bad = [f"{n}={d!r}" for n, d in _PAIRWISE if getattr(m, n) != d]
+        if bad or m.block_size not in (2, 4):
+            raise ValueError(f"BlockFMA with block_sum='pairwise' needs block_size 2 or 4 and "
+                             f"{', '.join(bad) or 'the fields it has'}; got block_size={m.block_size}")
     if m.addend_alignment != "floor":
         for name, v in (("split_even_odd", m.split_even_odd), ("product_overflow", m.product_overflow)):
             if v not in (False, "none"):
