@@ -300,3 +300,11 @@ def test_cdna3_floor_to_f2_bits_decides_ties():
     for other in (m.replace(sum_fraction_bits=30), m.replace(sum_fraction_bits=26)):
         assert not np.array_equal(np.asarray(tcemu.mma(sp, A, B, C, arch="MI300X", model=other))[:, 0, 0]
                                   .view(np.uint32), want)
+
+
+def test_error_vs_k_on_mi300x_fnuz():
+    """error_vs_k takes the fnuz formats and AMD GPUs (the default MFMA per format)."""
+    r = tcemu.error_vs_k("e5m2fnuz", "MI300X", ks=(32, 64), outputs=32)
+    assert r.instruction == "v_mfma_f32_32x32x16_bf8_bf8" and all(np.isfinite(r.max_rel))
+    with pytest.raises(ValueError, match="fnuz fp8 formats are AMD's"):
+        tcemu.error_vs_k("e4m3fnuz", "H100", ks=(32,), outputs=32)

@@ -243,8 +243,13 @@ def _curve_instruction(sp: str, fmt: str, arch, model) -> Mma:
     from tcemu._src.isa.targets import check_arch
     from tcemu._src.numerics.mma import resolve_model
 
-    ins = parse(sp)
-    if not isinstance(ins, Mma):
+    if sp.strip().startswith("v_mfma"):  # AMD: parsed for its target
+        from tcemu._src.isa.mfma import parse_mfma
+
+        ins = parse_mfma(sp, arch)
+    else:
+        ins = parse(sp)
+    if not isinstance(ins, Mma) and getattr(ins, "kind", None) != "mfma":
         raise ValueError(f"instruction must be an MMA spelling, got {sp!r}")
     if ins.atype != fmt or ins.btype != fmt:
         raise ValueError(f"{sp!r} takes {ins.atype}/{ins.btype} inputs, not fmt={fmt!r}")

@@ -73,6 +73,7 @@ class Mfma:
     # what the GEMM pipeline reads of an NVIDIA Mma: MFMAs have no block scales
     scale_vec = None
     scale_block = 0
+    stype = None
 
 
 def _spell(arch: str, t: str, m: int, n: int, k: int, blocks: int) -> str:
