@@ -266,7 +266,7 @@ def parse_model(text: str):
 
 
 def probe(args):
-    from tcemu._src.isa.parse import parse
+    from tcemu._src.studies import mfma_formats as _amd_formats
     from tcemu._src.isa.targets import check_arch
     from tcemu._src.numerics.mma import resolve_model
     from tcemu._src.probe import expected, probe_instruction
@@ -275,7 +275,7 @@ def probe(args):
     with _bad_argument(args.parser):
         presets = tcemu.numerics(arch)  # the formats whose GEMM instruction this architecture has numerics for
         if args.instruction is not None:
-            ins = probe_instruction(args.instruction)
+            ins = probe_instruction(args.instruction, arch)
             if args.format is not None and args.format != ins.atype:
                 raise ValueError(f"--format {args.format} disagrees with --instruction, which takes {ins.atype} "
                                  "inputs (give one of them, or the same format)")
@@ -283,10 +283,11 @@ def probe(args):
         elif args.format is not None:
             fmts = [args.format]
         else:
-            fmts = [f for f in ("f16", "bf16", "tf32", "e4m3")
-                    if presets.for_instruction(parse(default_instruction(arch, f)))]
+            cands = ("f16", "bf16", "tf32", "e4m3fnuz", "e5m2fnuz") if arch.amd else ("f16", "bf16", "tf32", "e4m3")
+            fmts = [f for f in cands if (not arch.amd or f in _amd_formats(arch))
+                    and presets.for_instruction(probe_instruction(default_instruction(arch, f), arch))]
         for fmt in fmts:  # the preset compared with: on this architecture, for this instruction
-            ins = parse(args.instruction or default_instruction(arch, fmt))
+            ins = probe_instruction(args.instruction or default_instruction(arch, fmt), arch)
             check_arch(ins, arch)
             resolve_model(ins, None, arch)
     model = args.model
@@ -296,8 +297,8 @@ def probe(args):
     for fmt in fmts:
         with _bad_argument(args.parser):
             r = tcemu.probe(arch, fmt, instruction=args.instruction, model=model)
-        preset = resolve_model(parse(r.instruction), None, arch)
-        want = expected(preset, r.instruction)
+        preset = resolve_model(probe_instruction(r.instruction, arch), None, arch)
+        want = expected(preset, r.instruction, arch)
         print(f"{fmt} inputs: {r.instruction}")
         for key, name, val in r.rows():
             note = ""

@@ -19,7 +19,7 @@ LAYERS = [
     ("quantise", ["tcemu._src.quant"]),
     ("memory", ["tcemu._src.memory"]),
     ("isa", ["tcemu._src.isa"]),
-    ("value", ["tcemu._src.api"]),
+    ("value", ["tcemu._src.api", "tcemu._src.api_mfma"]),
     ("gemm", ["tcemu._src.gemm"]),
     ("tools", ["tcemu._src.identify", "tcemu._src.library", "tcemu._src.library_layers", "tcemu._src.library_records",
                "tcemu._src.library_xla",

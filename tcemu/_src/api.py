@@ -126,6 +126,10 @@ def _operand(x, etype, name, spelling):
     """Typed array -> engine encoding, checking the dtype (and the range of s4/u4/b1 values)."""
     if etype in ("e3m2", "e2m3", "e2m1"):
         return _codes(x, etype, name, spelling)
+    if etype == "f64":
+        from tcemu._src.numerics.fma64 import require_x64
+
+        require_x64(f"{spelling!r}")
     x = jnp.asarray(x)
     want = {"f16": [jnp.float16], "bf16": [jnp.bfloat16], "tf32": [jnp.float32], "f32": [jnp.float32],
             "f64": [jnp.float64], "e4m3": [fm.VALUE_DTYPES["e4m3"]], "e5m2": [fm.VALUE_DTYPES["e5m2"]],
@@ -187,7 +191,8 @@ def _bind_tcgen05(t: P.Tcgen05, a, b, c, scale_a):
     return t.bind(types[0], types[1], dtype, int(jnp.shape(a)[-2]), int(jnp.shape(b)[-1]), stype)
 
 
-def mma(spelling: str, a, b, c, *, arch="sm_90", model=None, key=None, scale_a=None, scale_b=None, metadata=None):
+def mma(spelling: str, a, b, c, *, arch="sm_90", model=None, key=None, scale_a=None, scale_b=None, metadata=None,
+        **amd):
     """Value-level MMA: ``d = a @ b + c`` with the exact numerics of ``spelling`` on ``arch``.
 
     ``a`` (..., M, K), ``b`` (..., K, N), ``c`` (..., M, N) are typed arrays (float16, bfloat16,
@@ -224,7 +229,11 @@ def mma(spelling: str, a, b, c, *, arch="sm_90", model=None, key=None, scale_a=N
     ...               scale_b=np.full((4, 8), 1, ml_dtypes.float8_e4m3fn))
     >>> float(d[0, 0])    # 64 * 1.5 * 2 * 0.5
     96.0
+
+    AMD ``v_mfma_...`` (MI100 ... MI325X; ``**amd``: cbsz, abid, neg): :mod:`tcemu._src.api_mfma`.
     """
+    if amd or isinstance(spelling, str) and spelling.strip().startswith("v_mfma"):
+        return _amd(spelling, a, b, c, arch, model, (key, scale_a, scale_b, metadata), amd)
     ins = P.parse(spelling)
     if isinstance(ins, P.Tcgen05):
         ins = _bind_tcgen05(ins, a, b, c, scale_a)
@@ -246,11 +255,7 @@ def mma(spelling: str, a, b, c, *, arch="sm_90", model=None, key=None, scale_a=N
         names = [f"a {jnp.shape(a)}", f"b {jnp.shape(b)}", f"c {jnp.shape(c)}"]
         names += [f"{n} {jnp.shape(x)}" for n, x in (("scale_a", scale_a), ("scale_b", scale_b)) if x is not None and ins.scale_vec]
         raise ValueError(f"{spelling}: the batch axes of {', '.join(names[:-1])} and {names[-1]} do not broadcast") from None
-    if ins.family == "f64":
-        from tcemu._src.numerics.fma64 import require_x64
-
-        require_x64(f"{spelling!r}")
-    A = _operand(a, ins.atype, "a", spelling)
+    A = _operand(a, ins.atype, "a", spelling)  # f64: checks that x64 is on
     B = _operand(b, ins.btype, "b", spelling)
     C = _operand(c, ins.ctype, "c", spelling)
     SA, SB = _scales(ins, spelling, scale_a, scale_b, batch)
@@ -265,6 +270,24 @@ def mma(spelling: str, a, b, c, *, arch="sm_90", model=None, key=None, scale_a=N
     if ins.dtype == "s32":
         return D.astype(jnp.int32)
     return fm.from_bits(D, ins.dtype)
+
+
+def _amd(spelling, a, b, c, arch, model, nvidia_only, amd):
+    """:func:`mma` of an AMD MFMA.
+
+    >>> import ml_dtypes, numpy as np, tcemu
+    >>> a8 = np.full((16, 32), 0.5, ml_dtypes.float8_e4m3fnuz); b8 = np.full((32, 16), 2, ml_dtypes.float8_e5m2fnuz)
+    >>> float(tcemu.mma("v_mfma_f32_16x16x32_fp8_bf8", a8, b8, np.zeros((16, 16), np.float32), arch="MI300X")[0, 0])
+    32.0
+    """
+    from tcemu._src.api_mfma import mfma
+
+    if not (isinstance(spelling, str) and spelling.strip().startswith("v_mfma")):
+        raise TypeError(f"mma() got unexpected keyword arguments {', '.join(sorted(amd))} (cbsz, abid and neg "
+                        "are for AMD v_mfma_* instructions)")
+    if any(x is not None for x in nvidia_only):
+        raise ValueError(f"{spelling}: key, scale_a, scale_b and metadata are not MFMA arguments")
+    return mfma(spelling, a, b, c, arch=arch, model=model, **amd)
 
 
 def _shapes(ins, spelling, metadata):

@@ -3,6 +3,8 @@
     >>> from tcemu._src.arch import resolve
     >>> resolve("H100").sm, resolve("sm_90a").name
     (90, 'sm_90')
+    >>> a = resolve("MI300X"); a.name, a.amd, a.sm        # AMD: gfx targets, no SM number
+    ('gfx942', True, 0)
 """
 from __future__ import annotations
 
@@ -28,12 +30,21 @@ class Arch:
     def __str__(self) -> str:
         return f"{self.name} ({self.gpu})" if self.gpu else self.name
 
+    @property
+    def amd(self) -> bool:
+        """An AMD gfx target (its ``sm`` is 0: no NVIDIA instruction runs on it)."""
+        return self.name in AMD
+
 
 SM = {"sm_70": 70, "sm_72": 72, "sm_75": 75, "sm_80": 80, "sm_86": 86, "sm_87": 87, "sm_89": 89,
       "sm_90": 90, "sm_100": 100, "sm_120": 120}
 GPUS = {"V100": "sm_70", "T4": "sm_75", "A100": "sm_80", "A30": "sm_80", "A2": "sm_86",
         "L40S": "sm_89", "Ada": "sm_89", "RTX1000Ada": "sm_89", "H100": "sm_90", "H200": "sm_90",
-        "B200": "sm_100", "RTX5090": "sm_120", "RTXPRO6000": "sm_120"}
+        "B200": "sm_100", "RTX5090": "sm_120", "RTXPRO6000": "sm_120",
+        "MI100": "gfx908", "MI210": "gfx90a", "MI250": "gfx90a", "MI250X": "gfx90a",
+        "MI300A": "gfx942", "MI300X": "gfx942", "MI325X": "gfx942"}
+# AMD Instinct targets (LLVM AMDGPU processor names) and their matrix-core generation
+AMD = {"gfx908": "CDNA1", "gfx90a": "CDNA2", "gfx942": "CDNA3"}
 
 
 def resolve(arch) -> Arch:
@@ -46,11 +57,13 @@ def resolve(arch) -> Arch:
     low = key.lower()
     for gpu, sm in GPUS.items():
         if gpu.lower() == low:
-            return Arch(sm, SM[sm], gpu)
+            return Arch(sm, SM.get(sm, 0), gpu)
+    if low in AMD:
+        return Arch(low, 0)
     base = low[:-1] if low.endswith(("a", "f")) and low[:-1] in SM else low
     if base in SM:
         return Arch(base, SM[base])
-    choices = sorted(SM) + sorted(GPUS)
+    choices = sorted(SM) + sorted(AMD) + sorted(GPUS)
     close = difflib.get_close_matches(key, choices, n=3)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
     raise ValueError(f"unknown arch {arch!r}{hint}; valid: {', '.join(choices)}")

@@ -39,10 +39,11 @@ class FloatFormat:
     shift: int = 0
     nan: int | None = None  # NaN pattern returned by the hardware, if not the canonical one
     has_nan: bool = True
+    fnuz: bool = False  # AMD "fnuz" fp8: bias one higher, 0x80 (-0) is the only NaN, no infinities
 
     @property
     def bias(self) -> int:
-        return (1 << (self.exponent_bits - 1)) - 1
+        return (1 << (self.exponent_bits - 1)) - 1 + self.fnuz
 
     @property
     def emin(self) -> int:
@@ -62,7 +63,7 @@ class FloatFormat:
     def max_fraction(self) -> int:
         """Fraction field of the largest finite value."""
         m = (1 << self.fraction_bits) - 1
-        return m if self.has_inf or not self.has_nan else m - 1
+        return m if self.has_inf or not self.has_nan or self.fnuz else m - 1
 
     @property
     def canonical_nan(self) -> int:
@@ -88,12 +89,15 @@ TF32 = FloatFormat("tf32", 8, 10, 32, shift=13)
 F32 = FloatFormat("f32", 8, 23, 32)
 E4M3 = FloatFormat("e4m3", 4, 3, 8, has_inf=False)
 E5M2 = FloatFormat("e5m2", 5, 2, 8)
+# AMD CDNA3 fp8 ("fp8" and "bf8" in the MFMA spellings; ml_dtypes float8_e4m3fnuz / float8_e5m2fnuz)
+E4M3FNUZ = FloatFormat("e4m3fnuz", 4, 3, 8, has_inf=False, nan=0x80, fnuz=True)
+E5M2FNUZ = FloatFormat("e5m2fnuz", 5, 2, 8, has_inf=False, nan=0x80, fnuz=True)
 # OCP MX v1.0 element formats (fp6 and fp4): no infinities and no NaN.
 E3M2 = FloatFormat("e3m2", 3, 2, 8, has_inf=False, has_nan=False)
 E2M3 = FloatFormat("e2m3", 2, 3, 8, has_inf=False, has_nan=False)
 E2M1 = FloatFormat("e2m1", 2, 1, 8, has_inf=False, has_nan=False)
 
-FORMATS = {f.name: f for f in (F16, BF16, TF32, F32, E4M3, E5M2, E3M2, E2M3, E2M1)}
+FORMATS = {f.name: f for f in (F16, BF16, TF32, F32, E4M3, E5M2, E3M2, E2M3, E2M1, E4M3FNUZ, E5M2FNUZ)}
 # Element types of the Blackwell ``.kind::f8f6f4`` MMAs; fp6/fp4 values are carried as their codes.
 F8F6F4_TYPES = ("e4m3", "e5m2", "e3m2", "e2m3", "e2m1")
 # Block-scale factor types: ue8m0 (a power of two 2**(code - 127), 0xFF NaN) and ue4m3 (e4m3
@@ -104,10 +108,11 @@ SCALE_TYPES = ("ue8m0", "ue4m3")
 # register bits of each PTX element type; fp8/fp6/fp4 of .kind::f8f6f4 sit in 8-bit containers
 # (packed fp4 of .kind::mxf4* is 4 bits)
 ELEMENT_BITS = {"f16": 16, "bf16": 16, "tf32": 32, "f32": 32, "f64": 64, "s8": 8, "u8": 8, "s4": 4, "u4": 4, "b1": 1,
-                "s32": 32, "e4m3": 8, "e5m2": 8, "e3m2": 8, "e2m3": 8, "e2m1": 8}
+                "s32": 32, "e4m3": 8, "e5m2": 8, "e3m2": 8, "e2m3": 8, "e2m1": 8, "e4m3fnuz": 8, "e5m2fnuz": 8}
 VALUE_DTYPES = {
     "f16": jnp.float16, "bf16": jnp.bfloat16, "tf32": jnp.float32, "f32": jnp.float32,
     "f64": jnp.float64, "e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2,
+    "e4m3fnuz": ml_dtypes.float8_e4m3fnuz, "e5m2fnuz": ml_dtypes.float8_e5m2fnuz,
     "e3m2": ml_dtypes.float6_e3m2fn, "e2m3": ml_dtypes.float6_e2m3fn, "e2m1": ml_dtypes.float4_e2m1fn,
     "ue8m0": ml_dtypes.float8_e8m0fnu, "ue4m3": ml_dtypes.float8_e4m3fn,
     "s8": jnp.int8, "u8": jnp.uint8, "s4": jnp.int8, "u4": jnp.uint8, "b1": jnp.uint8,
@@ -139,6 +144,9 @@ def decode(bits, fmt: FloatFormat, *, flush_subnormals: bool = False) -> Decoded
     top = (1 << eb) - 1
     if not fmt.has_nan:
         is_nan = is_inf = jnp.zeros(u.shape, bool)
+    elif fmt.fnuz:
+        is_nan = (sign != 0) & (efield == 0) & (frac == 0)
+        is_inf = jnp.zeros_like(is_nan)
     elif fmt.has_inf:
         special = efield == top
         is_nan = special & (frac != 0)

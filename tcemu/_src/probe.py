@@ -148,7 +148,7 @@ def probe(arch="H100", fmt: str | None = None, *, instruction=None, model=None, 
         raise ValueError(f"{sp!r}: probe's feature tests need products spanning 2**40, which fp6/fp4 inputs "
                          "cannot form without block scales; block-scaled fp4 (kind::mxf4, kind::mxf4nvf4) is "
                          "probed through its scale factors")
-    e1 = 14 if "e4m3" in box.fmts else 16  # X = 2**e1, a product of two normal numbers
+    e1 = 14 if any(f.startswith("e4m3") for f in box.fmts) else 16  # X = 2**e1, a product of two normal numbers
     F, q = _fraction_bits(box, e1)
     Fe = F if F is not None else _MAX_EXP
     # the carry form: W = 1.5 * 1.5 * 2**S (significand 2.25, unnormalised exponent S)
@@ -325,9 +325,10 @@ def _probe_grouped(box: Box, sp: str) -> ProbeResult:
     return ProbeResult(sp, F, acc_bits, L, None, rounding, None, None, bool(r[0] == 0.5), bool(r[1] == 2.0 ** -130))
 
 
-def expected(model, instruction: str) -> dict:
-    """What :func:`probe` should find for a :class:`tcemu.BlockFMA` on an instruction."""
-    ins = parse(instruction)
+def expected(model, instruction: str, arch=None) -> dict:
+    """What :func:`probe` should find for a :class:`tcemu.BlockFMA` on an instruction (an AMD MFMA
+    is parsed for ``arch``)."""
+    ins = probe_instruction(instruction, arch) if instruction.startswith("v_mfma") else parse(instruction)
     if model.scale_group is not None:  # through the scales: what _probe_grouped can tell
         blk, L = ins.scale_block, min(model.block_size, ins.k)
         F = model.fraction_bits

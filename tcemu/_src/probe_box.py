@@ -11,13 +11,20 @@ import numpy as np
 from tcemu._src.isa.parse import Mma, parse
 from tcemu._src.studies import DTYPES
 
-_MIN_SUB = {"f16": -24, "bf16": -133, "tf32": -136, "e4m3": -9, "e5m2": -16}
+_MIN_SUB = {"f16": -24, "bf16": -133, "tf32": -136, "e4m3": -9, "e5m2": -16, "e4m3fnuz": -10, "e5m2fnuz": -17}
 _UNIT_SCALE = {"ue8m0": 127, "ue4m3": 0x38}  # 1.0
 
 
-def probe_instruction(spelling: str) -> Mma:
+def probe_instruction(spelling: str, arch=None) -> Mma:
     """The parsed ``spelling`` if :func:`~tcemu._src.probe.probe` can measure it (a floating-point MMA with f32 C
-    and D), else a ValueError naming it."""
+    and D), else a ValueError naming it; an AMD MFMA is parsed for ``arch``."""
+    if spelling.strip().startswith("v_mfma"):
+        from tcemu._src.isa.mfma import parse_mfma
+
+        ins = parse_mfma(spelling, arch)
+        if ins.family in ("f32", "f64"):
+            raise ValueError(f"probe measures block adders; {spelling!r} is a chain of FMAs")
+        return ins
     ins = parse(spelling)
     if not isinstance(ins, Mma):
         raise ValueError(f"probe needs an MMA instruction, got {spelling!r}")
@@ -30,7 +37,7 @@ class Box:
     """Batched single dot products through ``tcemu.mma`` (instructions chained along K)."""
 
     def __init__(self, spelling, arch, model, mma):
-        self.ins = probe_instruction(spelling)
+        self.ins = probe_instruction(spelling, arch)
         if mma is None:
             from tcemu._src.api import mma as emulated
             from tcemu._src.isa.targets import check_arch

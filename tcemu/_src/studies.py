@@ -25,7 +25,8 @@ from tcemu._src.numerics import engine
 
 DTYPES = {"f16": np.float16, "bf16": ml_dtypes.bfloat16, "tf32": np.float32,
           "e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2,
-          "e3m2": ml_dtypes.float6_e3m2fn, "e2m3": ml_dtypes.float6_e2m3fn, "e2m1": ml_dtypes.float4_e2m1fn}
+          "e3m2": ml_dtypes.float6_e3m2fn, "e2m3": ml_dtypes.float6_e2m3fn, "e2m1": ml_dtypes.float4_e2m1fn,
+          "e4m3fnuz": ml_dtypes.float8_e4m3fnuz, "e5m2fnuz": ml_dtypes.float8_e5m2fnuz}
 _CODES = ("e3m2", "e2m3", "e2m1")  # passed to tcemu.mma as uint8 codes (JAX holds no fp6 arrays)
 DISTRIBUTIONS = ("uniform", "normal")
 # (input format, GPU preset, promotion interval or None): the comparison the demo and
@@ -75,8 +76,11 @@ def default_instruction(arch, fmt: str) -> str:
     """The MMA a GEMM on ``arch`` uses for inputs of ``fmt`` (f32 accumulation)."""
     from tcemu._src.arch import resolve
 
-    sm = resolve(arch).sm
+    a = resolve(arch)
+    sm = a.sm
     check_choice("fmt", fmt, tuple(DTYPES))
+    if a.amd or fmt.endswith("fnuz"):
+        return _default_mfma(a, fmt)
     if fmt == "f16":
         if sm < 75:
             return "wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32"
@@ -94,6 +98,32 @@ def default_instruction(arch, fmt: str) -> str:
     if sm == 90:  # e4m3, e5m2: Hopper FP8 GEMMs (cuBLAS, DeepGEMM) run wgmma
         return f"wgmma.mma_async.sync.aligned.m64n8k32.f32.{fmt}.{fmt}"
     return f"mma.sync.aligned.m16n8k32.row.col.f32.{fmt}.{fmt}.f32"
+
+
+# AMD: the single-block 32x32 MFMA of each input format (the one hipBLASLt's MI300 GEMMs mostly use)
+_MFMA = {"gfx942": {"f16": "v_mfma_f32_32x32x8_f16", "bf16": "v_mfma_f32_32x32x8_bf16", "tf32": "v_mfma_f32_32x32x4_xf32",
+                    "e4m3fnuz": "v_mfma_f32_32x32x16_fp8_fp8", "e5m2fnuz": "v_mfma_f32_32x32x16_bf8_bf8"},
+         "gfx90a": {"f16": "v_mfma_f32_32x32x8f16", "bf16": "v_mfma_f32_32x32x8bf16_1k"},
+         "gfx908": {"f16": "v_mfma_f32_32x32x8f16", "bf16": "v_mfma_f32_32x32x4bf16"}}
+
+
+def mfma_formats(arch) -> tuple[str, ...]:
+    """The input formats an AMD target has a default MFMA for.
+
+    >>> mfma_formats("MI300X")
+    ('f16', 'bf16', 'tf32', 'e4m3fnuz', 'e5m2fnuz')
+    """
+    from tcemu._src.arch import resolve
+
+    return tuple(_MFMA.get(resolve(arch).name, {}))
+
+
+def _default_mfma(a, fmt: str) -> str:
+    table = _MFMA.get(a.name, {})
+    if fmt not in table:
+        raise ValueError(f"fmt={fmt!r}: {a} has no MFMA for it; valid: {', '.join(table)}"
+                         if a.amd else f"fmt={fmt!r}: the fnuz fp8 formats are AMD's (arch='MI300X'), not {a}'s")
+    return table[fmt]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,8 +243,13 @@ def _curve_instruction(sp: str, fmt: str, arch, model) -> Mma:
     from tcemu._src.isa.targets import check_arch
     from tcemu._src.numerics.mma import resolve_model
 
-    ins = parse(sp)
-    if not isinstance(ins, Mma):
+    if sp.strip().startswith("v_mfma"):  # AMD: parsed for its target
+        from tcemu._src.isa.mfma import parse_mfma
+
+        ins = parse_mfma(sp, arch)
+    else:
+        ins = parse(sp)
+    if not isinstance(ins, Mma) and getattr(ins, "kind", None) != "mfma":
         raise ValueError(f"instruction must be an MMA spelling, got {sp!r}")
     if ins.atype != fmt or ins.btype != fmt:
         raise ValueError(f"{sp!r} takes {ins.atype}/{ins.btype} inputs, not fmt={fmt!r}")

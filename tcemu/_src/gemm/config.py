@@ -17,6 +17,7 @@ from tcemu._src.arch import resolve
 from tcemu._src.gemm.epilogue import Epilogue
 from tcemu._src.gemm.schedule import KSchedule
 from tcemu._src.isa.parse import Mma, parse
+from tcemu._src.isa.mfma import parse_mfma
 from tcemu._src.isa.targets import check_arch
 from tcemu._src.numerics import mma as mma_numerics
 from tcemu._src.numerics.model import BlockFMA, choice_field, int_field, replace_fields
@@ -88,6 +89,9 @@ class GemmConfig:
 
     def _check_instruction(self, arch):
         ins = self.ins
+        if ins.kind == "mfma" and ins.family in ("f32", "f64"):
+            raise ValueError(f"{ins.spelling!r}: f32/f64 MFMAs are FMA chains; GEMM emulation takes the f16, bf16, "
+                             "xf32 and fp8/bf8 MFMAs")
         if ins.family in ("int", "b1", "f64"):
             raise ValueError(f"{ins.spelling!r}: GEMM emulation takes floating-point instructions "
                              "(f16, bf16, tf32, e4m3/e5m2, kind::f8f6f4)")
@@ -123,7 +127,9 @@ class GemmConfig:
 
     @property
     def ins(self) -> Mma:
-        """The parsed instruction."""
+        """The parsed instruction (an AMD ``v_mfma_...`` is parsed for ``arch``)."""
+        if self.instruction.strip().startswith("v_mfma"):
+            return _mfma(self.instruction, resolve(self.arch).name)
         return instruction(self.instruction)
 
     @property
@@ -152,6 +158,14 @@ def as_config(config, changes: dict, where: str) -> GemmConfig:
                         "build one with tcemu.GemmConfig(arch=..., instruction=..., ...)")
     cfg = config if config is not None else GemmConfig()
     return cfg.replace(**changes) if changes else cfg
+
+
+@functools.lru_cache(maxsize=None)
+def _mfma(spelling: str, arch: str):
+    try:
+        return parse_mfma(spelling, arch)
+    except ValueError as e:
+        raise ValueError(f"GemmConfig.instruction {spelling!r}: {e}") from None
 
 
 @functools.lru_cache(maxsize=None)

@@ -56,8 +56,12 @@ def min_sm(ins) -> int:
 def check_arch(ins, arch) -> None:
     """Raise a ValueError if ``arch`` lacks the MMA or wmma.load / wmma.store ``ins``."""
     a = resolve(arch)
-    need = min_sm(ins)
     kind = getattr(ins, "kind", "wmma")
+    if kind == "mfma":  # parsed for its gfx target (tcemu._src.isa.mfma)
+        if a.name != ins.arch:
+            raise ValueError(f"{ins.spelling!r} was parsed for {ins.arch}, not {a}")
+        return
+    need = min_sm(ins)
     if kind in ONLY:
         if a.sm != need:
             raise ValueError(f"{ins.spelling!r}: {ins.kind} exists only on {ONLY[ins.kind][1]}, not {a}")

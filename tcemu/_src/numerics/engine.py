@@ -35,6 +35,8 @@ from tcemu._src.numerics.cvt import convert, encode
 from tcemu._src.numerics.fused_block import (BIG, Terms, add, deferred_specials, float_align, fused_block,
                                              int_align, prepare_operand, rounded_add, unroll_terms)
 from tcemu._src.numerics.model import BlockFMA
+from tcemu._src.numerics.pairwise import pairwise_dot
+from tcemu._src.numerics.two_stage import floor_dot
 
 # engine is the face of the numerics: the names other modules read as engine.X are re-exported
 # from cvt and fused_block (native reads _BIG, numerics.mma _add)
@@ -174,6 +176,14 @@ def fused_dot_prepared(p: Prepared, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, 
                        cfmt: fm.FloatFormat, model: BlockFMA, *, acc: str = "f32", key=None, min_scale_exp: int = 0):
     """:func:`fused_dot` on operands already :func:`prepare`-d (``min_scale_exp``: the smallest
     exponent the ``a_exp + b_exp`` of :func:`prepare` can add to a product)."""
+    if model.addend_alignment == "floor":  # CDNA3's two-stage adder: binary32 C and D only
+        if acc != "f32" or cfmt is not fm.F32 or min_scale_exp:
+            raise ValueError("a BlockFMA with addend_alignment='floor' takes binary32 C and D and no block scales")
+        return floor_dot(p.a_bits, afmt, p.b_bits, bfmt, c_bits, model)
+    if model.block_sum == "pairwise":  # CDNA2's tree of binary32 additions
+        if acc != "f32" or cfmt is not fm.F32 or min_scale_exp:
+            raise ValueError("a BlockFMA with block_sum='pairwise' takes binary32 C and D and no block scales")
+        return pairwise_dot(p.a_bits, afmt, p.b_bits, bfmt, c_bits, model)
     flush = not model.subnormal_inputs
     K = p.a_bits.shape[-1]
     out = accumulator_format(model, acc)

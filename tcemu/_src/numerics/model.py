@@ -68,7 +68,12 @@ class BlockFMA:
       block_sum: "fused" (each block is summed together with the running accumulator, as in a
         tensor core) or "separate" (each block is summed and rounded alone, then added to the
         accumulator by one addition rounded with ``addend_rounding``: compiled CUDA-core code
-        such as sm_90's ``mma.m8n8k4`` with .f16 C/D, ``(C + fma(a1, b1, a0*b0)) + fma(a3, b3, a2*b2)``).
+        such as sm_90's ``mma.m8n8k4`` with .f16 C/D, ``(C + fma(a1, b1, a0*b0)) + fma(a3, b3, a2*b2)``)
+        or "pairwise" (AMD CDNA2 f16/bf16, [MS25] ``MMA_FTZ_MUL_ADD``: each product rounded to
+        binary32, a block of 2 or 4 summed as a tree of RNE binary32 additions and added to the
+        accumulator by one more; ``subnormal_inputs=False`` flushes inputs and C to +0,
+        ``subnormal_outputs=False`` products and sums to a zero of their sign;
+        :mod:`~tcemu._src.numerics.pairwise`).
       exact_zero: sign of a zero result: "+0" (NVIDIA tensor cores return +0 even when every
         addend is -0, [H200] ``tests/data/signed_zeros_sm90.npz``, and when a negative sum rounds
         to zero, [H100] ``tests/data/underflow_sm90.npz``; [MS25] adds +0.0 to every result) or
@@ -80,6 +85,22 @@ class BlockFMA:
         magnitude); a group whose products are all zero, or whose scale is zero, counts with
         ``zero_exponent``. Blackwell: G=16 with 35 fraction bits ([MS25] ``MMA_GST_FDPA``).
         ``fraction_bits`` may then be up to 35.
+      addend_alignment: "fused" (C is one more term of the block, aligned and truncated toward
+        zero with the products) or "floor" (AMD CDNA3, [MS25] ``MMA_TR_FDPA``/``MMA_GTR_FDPA``, a
+        two-stage adder): the block's products alone are aligned to their largest exponent (zero
+        products do not count) and truncated toward zero ``fraction_bits`` below it and summed;
+        that sum and C (a zero C counts with exponent -126) are then aligned to the larger of
+        their exponents by rounding toward -inf, the sum ``sum_fraction_bits + 1`` bits below it
+        and C ``fraction_bits`` bits below it, added exactly, normalised, rounded toward -inf to
+        ``sum_fraction_bits`` fraction bits and then rounded into binary32 with ``rounding``. An
+        exact zero is +0; a nonzero sum that rounds to zero keeps its sign.
+      sum_fraction_bits: the ``F2`` of "floor" (1..31; MMA-Sim: 31).
+      split_even_odd: with "floor": products of even and odd k are summed apart (each aligned
+        to its own largest exponent), then both sums are aligned by rounding toward -inf
+        ``fraction_bits`` below the larger, and a C more than ``fraction_bits + 1`` binades below
+        the alignment exponent counts as +0 ([MS25] ``MMA_GTR_FDPA``, CDNA3 fp8/bf8).
+      product_overflow: "none" or "inf": a product whose normalised exponent is 128 or more is
+        an infinity before it is summed (with "floor"; [MS25] ``MMA_TR_FDPA``).
 
     >>> import jax.numpy as jnp, tcemu
     >>> v100 = tcemu.BlockFMA(fraction_bits=23, block_size=4, rounding="rz")
@@ -111,6 +132,10 @@ class BlockFMA:
     block_sum: str = "fused"
     exact_zero: str = "+0"
     scale_group: int | None = None
+    addend_alignment: str = "fused"
+    sum_fraction_bits: int = 31
+    split_even_odd: bool = False
+    product_overflow: str = "none"
 
     def __post_init__(self):
         if self.scale_group is not None:
@@ -124,9 +149,10 @@ class BlockFMA:
             choice_field(self, name, ROUNDING_MODES)
         for name, choices in (("overflow", ("inf", "ieee")), ("tf32_conversion", ("truncate", "rna")),
                               ("addend", ("first", "last")), ("f16_accumulation", ("native", "f32")),
-                              ("block_sum", ("fused", "separate")), ("exact_zero", ("+0", "ieee"))):
+                              ("block_sum", ("fused", "separate", "pairwise")), ("exact_zero", ("+0", "ieee")),
+                              ("addend_alignment", ("fused", "floor")), ("product_overflow", ("none", "inf"))):
             choice_field(self, name, choices)
-        for name in ("sticky", "normalize_products", "subnormal_inputs", "subnormal_outputs"):
+        for name in ("sticky", "normalize_products", "subnormal_inputs", "subnormal_outputs", "split_even_odd"):
             v = getattr(self, name)
             if not isinstance(v, (bool, np.bool_)):
                 raise TypeError(f"BlockFMA.{name} must be True or False, got {v!r}")
@@ -143,6 +169,8 @@ class BlockFMA:
             if not order or sorted(order) != list(range(len(order))):
                 raise ValueError(f"BlockFMA.block_order must be a permutation of range(P) (P >= 1), got {order}")
             object.__setattr__(self, "block_order", order)
+        int_field(self, "sum_fraction_bits", 1, 31)
+        _check_floor(self)
 
     @property
     def stochastic(self) -> bool:
@@ -150,6 +178,40 @@ class BlockFMA:
 
     def replace(self, **changes) -> "BlockFMA":
         return replace_fields(self, changes)
+
+
+# the fields "floor" (the two-stage adder) does not read, with the values it requires
+_FLOOR_DEFAULTS = (("sticky", False), ("normalize_products", False), ("zero_exponent", None), ("min_exponent", None),
+                   ("subnormal_inputs", True), ("subnormal_outputs", True), ("accumulator_fraction_bits", 23),
+                   ("block_order", None), ("addend", "first"), ("f16_accumulation", "native"), ("block_sum", "fused"),
+                   ("exact_zero", "+0"), ("scale_group", None))
+
+
+_PAIRWISE = (("rounding", "rne"), ("sticky", False), ("normalize_products", False), ("accumulator_fraction_bits", 23),
+             ("block_order", None), ("addend", "first"), ("exact_zero", "ieee"), ("scale_group", None),
+             ("addend_alignment", "fused"))
+
+
+def _check_floor(m: BlockFMA) -> None:
+    """The two-stage adder ("floor") and the pairwise sum run with the defaults of the fields
+    they do not read."""
+    if m.block_sum == "pairwise":
+        bad = [f"{n}={d!r}" for n, d in _PAIRWISE if getattr(m, n) != d]
+        if bad or m.block_size not in (2, 4):
+            raise ValueError(f"BlockFMA with block_sum='pairwise' needs block_size 2 or 4 and "
+                             f"{', '.join(bad) or 'the fields it has'}; got block_size={m.block_size}")
+    if m.addend_alignment != "floor":
+        for name, v in (("split_even_odd", m.split_even_odd), ("product_overflow", m.product_overflow)):
+            if v not in (False, "none"):
+                raise ValueError(f"BlockFMA.{name}={v!r} needs addend_alignment='floor'")
+        return
+    bad = [f"{n}={d!r}" for n, d in _FLOOR_DEFAULTS if getattr(m, n) != d]
+    if bad:
+        raise ValueError(f"BlockFMA with addend_alignment='floor' needs {', '.join(bad)}")
+    if m.stochastic:
+        raise ValueError("BlockFMA with addend_alignment='floor' takes no stochastic rounding")
+    if m.fraction_bits > 26:
+        raise ValueError(f"BlockFMA.fraction_bits must be in 1..26 with addend_alignment='floor', got {m.fraction_bits}")
 
 
 def replace_fields(obj, changes: dict):

@@ -42,7 +42,8 @@ class ArchNumerics:
     """The numerics of one architecture, per input family and instruction kind.
 
     ``None`` means the architecture has no such MMA. ``fp8_mma`` is ``mma.sync`` with e4m3/e5m2
-    inputs, ``fp8_wgmma`` Hopper's ``wgmma``. ``f8f6f4``, ``mxf8f6f4`` and ``mxf4`` are the
+    inputs, ``fp8_wgmma`` Hopper's ``wgmma``; ``bf16_1k`` AMD CDNA2's ``..bf16_1k`` MFMAs.
+    ``f8f6f4``, ``mxf8f6f4`` and ``mxf4`` are the
     Blackwell kinds of ``mma.sync`` (sm_120) and ``tcgen05.mma`` (sm_100): ``.kind::f8f6f4``,
     its block-scaled ``.kind::mxf8f6f4``, and ``.kind::mxf4``/``.kind::mxf4nvf4`` (packed fp4). ``mma_m8n8k4_f16`` is ``mma.m8n8k4`` with f16
     inputs, ``mma_m8n8k4_f16_d`` the same with an f16 D where that is computed differently
@@ -70,6 +71,7 @@ class ArchNumerics:
     f8f6f4: BlockFMA | None = None
     mxf8f6f4: BlockFMA | None = None
     mxf4: BlockFMA | None = None
+    bf16_1k: BlockFMA | None = None
     notes: str = ""
 
     def __post_init__(self):
@@ -85,6 +87,8 @@ class ArchNumerics:
     def for_instruction(self, ins) -> BlockFMA | None:
         """The model of a parsed MMA instruction (``tcemu._src.isa.parse.Mma``)."""
         kind, family = ins.kind, ins.family
+        if kind == "mfma" and getattr(ins, "onek", False):  # CDNA2's bf16 _1k MFMAs
+            return self.bf16_1k
         if family == "fp8":
             return self.fp8_wgmma if kind == "wgmma" else self.fp8_mma
         if family == "tf32":
@@ -191,11 +195,45 @@ def _rtx_blackwell() -> ArchNumerics:
         notes="from [MS25] (MMA-Sim, validated by its authors on an RTX 5090); no published vectors")
 
 
+# AMD CDNA matrix cores: taken from a peer model ([MS25] MMA-Sim 2.1.1, ``mmasim/amd/sim.py``), not
+# measured. CDNA3 (gfx942): f16/bf16 blocks of 8 and xf32 blocks of 4 products, F=24, F2=31, RNE
+# (MMA_TR_FDPA); fp8/bf8 blocks of 16 with even and odd products summed apart (MMA_GTR_FDPA).
+# f32 and f64 MFMAs are chains of correctly rounded FMAs (no BlockFMA: tcemu._src.numerics.mma).
+_PEER = "taken from a peer model (MMA-Sim 2.1.1), not measured"
+CDNA3_TR = BlockFMA(fraction_bits=24, block_size=8, rounding="rne", zero_exponent=None, addend_alignment="floor",
+                    sum_fraction_bits=31, product_overflow="inf")
+
+
+def _cdna3() -> ArchNumerics:
+    return ArchNumerics("gfx942", f16=CDNA3_TR, bf16=CDNA3_TR, tf32=CDNA3_TR.replace(block_size=4),
+                        fp8_mma=CDNA3_TR.replace(block_size=16, split_even_odd=True, product_overflow="none"),
+                        notes=f"CDNA3 (MI300A/MI300X/MI325X): {_PEER}")
+
+
+# CDNA2 (gfx90a) f16 and bf16 _1k: pairs of pairs of binary32 products, flush to zero; bf16
+# without _1k: pairs ([MS25] MMA_FTZ_MUL_ADD(P)). CDNA1 (gfx908) f16/bf16 ([MS25] MMA_E_FDPA: exact
+# sums of 4 / 2 products and C, rounded once) are not modelled by tcemu yet.
+CDNA2_FTZ = BlockFMA(block_size=4, rounding="rne", block_sum="pairwise", subnormal_inputs=False,
+                     subnormal_outputs=False, exact_zero="ieee")
+
+
+def _cdna2() -> ArchNumerics:
+    return ArchNumerics("gfx90a", f16=CDNA2_FTZ, bf16=CDNA2_FTZ.replace(block_size=2), bf16_1k=CDNA2_FTZ,
+                        notes=f"CDNA2 (MI210/MI250/MI250X): {_PEER}")
+
+
+def _cdna1() -> ArchNumerics:
+    return ArchNumerics("gfx908", notes=f"CDNA1 (MI100): f32/f64 MFMAs only (FMA chains, {_PEER}); its f16/bf16 "
+                                        "MFMAs (exact sums) are not modelled yet")
+
+
 PRESETS: dict[str, ArchNumerics] = {
     "sm_70": _volta(), "sm_72": _volta("sm_72", _ASSUMED.format("sm_70", "Volta", "Jetson AGX Xavier")),
     "sm_75": _turing(), "sm_80": _ampere("sm_80"), "sm_86": _ampere("sm_86"),
     "sm_87": _ampere("sm_87", _ASSUMED.format("sm_80/sm_86", "Ampere", "Jetson Orin")),
     "sm_89": _ada(), "sm_90": _hopper(), "sm_100": _blackwell(), "sm_120": _rtx_blackwell(),
+    "gfx908": _cdna1(), "gfx90a": _cdna2(),
+    "gfx942": _cdna3(),
 }
 
 

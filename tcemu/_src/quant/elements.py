@@ -18,20 +18,21 @@ from tcemu._src.numerics import engine
 from tcemu._src.numerics.rounding import round_pack32
 from tcemu._src.checks import check_key
 
-FORMATS = ("f16", "bf16", "tf32", "e4m3", "e5m2", "e3m2", "e2m3", "e2m1")
+FORMATS = ("f16", "bf16", "tf32", "e4m3", "e5m2", "e3m2", "e2m3", "e2m1", "e4m3fnuz", "e5m2fnuz")
 MX = ("e3m2", "e2m3", "e2m1")  # OCP MX fp6/fp4: no NaN, no infinity
 MODES = ("rne", "stochastic")
 
 
 def quantize(x, etype: str, mode: str = "rne", key=None):
     """Round values to the element format ``etype`` ("f16", "bf16", "tf32", "e4m3", "e5m2", and
-    the OCP MX fp6/fp4 "e3m2", "e2m3", "e2m1"); the result holds the quantised values in float32
+    the OCP MX fp6/fp4 "e3m2", "e2m3", "e2m1", AMD's fnuz fp8 "e4m3fnuz", "e5m2fnuz"); the result holds the quantised values in float32
     (exact; NaN as 0x7FFFFFFF, or the canonical tf32 NaN 0x7FFFE000). Inputs are converted to
     float32 first, so the bits do not depend on ``jax_enable_x64``.
 
     ``mode="rne"``: JAX's own round-to-nearest-even conversion (``astype``; tf32:
     ``jax.lax.reduce_precision`` to 10 fraction bits); e4m3 has no infinity, so its overflows
-    (above 464) and infinities become NaN. fp6/fp4 have neither: overflows and infinities
+    (above 464) and infinities become NaN, as do those of the fnuz formats (whose only NaN is
+    0x80, the code of -0: negative values that round to zero become +0). fp6/fp4 have neither: overflows and infinities
     saturate to the largest finite value and NaN becomes -0, as ml_dtypes converts them (JAX
     cannot hold fp6 arrays, so those are rounded in integers). ``mode="stochastic"`` (needs
     ``key``): rounds up with probability equal to the discarded fraction.
@@ -64,6 +65,8 @@ def quantize_codes(x, etype: str, mode: str = "rne", key=None):
     q = engine.convert(bits, fm.F32, fmt, "stochastic", overflow="inf", rand=_random_bits(key, x.shape))
     if not fmt.has_inf:  # engine.convert maps infinities to S.1111.000 (256), e4m3's NaN is S.1111.111
         q = jnp.where(jnp.isinf(x), jnp.uint32(fmt.canonical_nan), q)
+    if fmt.fnuz:  # no -0: 0x80 is NaN
+        q = jnp.where((q == fmt.sign_bit) & (jnp.abs(x) < 1), jnp.uint32(0), q)
     return q
 
 
