@@ -227,7 +227,7 @@ def test_parse_and_arch_checked(spelling, arch, msg):
 
 def test_regfile_lanes_checked():
     with pytest.raises(ValueError, match="regfile: lanes must be 32"):
-        tcemu.regfile(4, lanes=64)
+        tcemu.regfile(4, lanes=48)
 
 
 def test_ordering_instructions():

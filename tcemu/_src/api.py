@@ -23,7 +23,8 @@ from tcemu._src.numerics.presets import check_model
 
 def regfile(nregs: int, lanes: int = 32):
     """A warp's register file: zeros of shape ``(32, nregs)``, ``uint32``; ``lanes=128`` gives a
-    Hopper warpgroup's (``wgmma``), lane ``32 w + l`` being lane ``l`` of warp ``w``.
+    Hopper warpgroup's (``wgmma``), lane ``32 w + l`` being lane ``l`` of warp ``w``; ``lanes=64``
+    an AMD wavefront's VGPRs (``v_mfma_...``).
 
     >>> import numpy as np, tcemu
     >>> regs = tcemu.regfile(8)
@@ -40,8 +41,9 @@ def regfile(nregs: int, lanes: int = 32):
         raise TypeError(f"regfile: nregs must be an integer, got {nregs!r} ({type(nregs).__name__})")
     if nregs < 1:
         raise ValueError(f"regfile: nregs must be >= 1, got {nregs}")
-    if lanes not in (32, 128) or isinstance(lanes, bool):
-        raise ValueError(f"regfile: lanes must be 32 (a warp) or 128 (a warpgroup), got {lanes!r}")
+    if lanes not in (32, 64, 128) or isinstance(lanes, bool):
+        raise ValueError(f"regfile: lanes must be 32 (a warp), 64 (an AMD wavefront) or 128 (a warpgroup), "
+                         f"got {lanes!r}")
     return jnp.zeros((int(lanes), int(nregs)), jnp.uint32)
 
 
@@ -60,6 +62,12 @@ def ptx(spelling: str, arch="sm_90", *, model=None):
     2
     """
     a = resolve(arch)
+    if isinstance(spelling, str) and spelling.strip().startswith("v_mfma"):
+        from tcemu._src.isa.mfma import parse_mfma
+        from tcemu._src.isa.mfma_regs import MfmaRegs
+
+        check_model(model, repr(spelling))
+        return MfmaRegs(parse_mfma(spelling, arch), a, model)
     ins = P.parse(spelling)
     if isinstance(ins, P.Tcgen05):
         raise P.Unsupported(f"{spelling!r}: tcgen05.mma works on tensor memory and shared-memory descriptors; "

@@ -43,6 +43,8 @@ def holders(frag: Fragment):
 def fragment_view(f, matrix=None):
     """(fragment, title, header line) that ``python -m tcemu layout`` shows of instruction ``f``
     (what ``tcemu.ptx`` returns) and operand ``matrix`` ("a".."d" of an MMA; default "a")."""
+    if hasattr(f, "layout"):  # an AMD MFMA (tcemu/_src/isa/mfma_regs.py)
+        return mfma_view(f.spelling, f.ins.arch, matrix)
     frag = getattr(f, "fragment", None)
     if frag is None and not hasattr(f, "fa"):
         raise ValueError(f"{f.spelling!r} moves no data: it has no fragment to draw")
@@ -116,9 +118,11 @@ def _table(rows, cols, text) -> str:
     return "\n".join(out)
 
 
-def fragment_text(frag: Fragment, names: tuple[str, str] = ("T", "x")) -> str:
+def fragment_text(frag: Fragment, names: tuple[str, str] | None = None) -> str:
     """The fragment as a table: T<lane>:x<register>[.<slot>] of the first holder of each element
-    (``names``: the lane and register prefixes; AMD's are ``("L", "v")``)."""
+    (``names``: the lane and register prefixes; default T/x, and L/v (lane, VGPR) for a 64-lane
+    AMD wavefront)."""
+    names = names or _names(frag)
     per = frag.per_reg
     text = {k: f"{names[0]}{v[0][0]}:{names[1]}{v[0][1]}" + (f".{v[0][2]}" if per > 1 else "")
             for k, v in holders(frag).items()}
@@ -131,7 +135,11 @@ def address_text(addr) -> str:
     return _table(*addr.shape, {(r, c): str(int(addr[r, c])) for r in range(addr.shape[0]) for c in range(addr.shape[1])})
 
 
-def draw_fragment(frag: Fragment, title: str = "", path=None, names: tuple[str, str] = ("T", "x")):
+def _names(frag: Fragment) -> tuple[str, str]:
+    return ("L", "v") if frag.lanes == 64 else ("T", "x")
+
+
+def draw_fragment(frag: Fragment, title: str = "", path=None, names: tuple[str, str] | None = None):
     """A matrix picture: every element coloured by the lane holding it and labelled T<lane> x<reg>
     (with .<slot> when a register packs several elements; +n when n more lanes hold copies;
     ``names``: the lane and register prefixes). Saves a PNG when ``path`` is given; returns the
@@ -139,6 +147,7 @@ def draw_fragment(frag: Fragment, title: str = "", path=None, names: tuple[str, 
     if not isinstance(frag, Fragment):
         raise TypeError(f"frag must be a Fragment (e.g. tcemu.ptx(...).fragment), got {type(frag).__name__}")
     plt = _plt()
+    names = names or _names(frag)
     cells = holders(frag)
     cmap = plt.get_cmap("hsv")
     w = min(0.62 * frag.cols + 1.5, 60)

@@ -60,10 +60,10 @@ def write_regs(regs, idx: tuple[int, ...], values):
 
 
 def check_regs(spelling, regs, lanes: int = 32):
-    """``regs`` as a (lanes, nregs) uint32 JAX array (32: a warp, 128: a warpgroup), or a clear
-    error naming it."""
-    what = "warps" if lanes == 32 else "warpgroups"
-    make = "tcemu.regfile" if lanes == 32 else "tcemu.regfile(nregs, lanes=128)"
+    """``regs`` as a (lanes, nregs) uint32 JAX array (32: a warp, 64: an AMD wavefront, 128: a
+    warpgroup), or a clear error naming it."""
+    what = {32: "warps", 64: "wavefronts"}.get(lanes, "warpgroups")
+    make = "tcemu.regfile" if lanes == 32 else f"tcemu.regfile(nregs, lanes={lanes})"
     if not isinstance(regs, (jax.Array, np.ndarray)):
         raise TypeError(f"{spelling}: regs must be a ({lanes}, nregs) uint32 array ({make}), "
                         f"got {type(regs).__name__}")
