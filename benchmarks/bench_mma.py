@@ -7,6 +7,7 @@ For each instruction, ``tiles`` independent MMAs (random normal operands) are co
 ``jnp.matmul(a.astype(f32), b.astype(f32), precision="highest") + c`` (block-scaled kinds: random
 ue8m0 scales near 1, which the native side leaves out). Reported: time per call,
 emulated MMAs/s, the same in m16n8k16-equivalents (M*N*K / 2048), and the slowdown vs native.
+AMD MFMAs run on MI300X (CDNA3) and MI250X (CDNA2).
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import ml_dtypes
 import numpy as np
 
 import tcemu
+from tcemu._src.isa.mfma import parse_mfma
+from tcemu._src.isa.parse import parse
 from common import device_name, table, timeit
 
 # (spelling, A/B dtype, C dtype, arch: None for --arch); block-scaled kinds get random ue8m0 scales
@@ -32,6 +35,13 @@ INSTRUCTIONS = [
     ("mma.sync.aligned.m16n8k32.row.col.kind::f8f6f4.f32.e2m1.e2m1.f32", F4, jnp.float32, "RTX5090"),
     ("mma.sync.aligned.m16n8k32.row.col.kind::mxf8f6f4.block_scale.scale_vec::1X.f32.e4m3.e4m3.f32.ue8m0",
      ml_dtypes.float8_e4m3fn, jnp.float32, "RTX5090"),
+    # AMD MFMAs (MMA-Sim's models): CDNA3's two-stage adder, CDNA2's pairwise adds, an FMA chain
+    ("v_mfma_f32_32x32x8_f16", jnp.float16, jnp.float32, "MI300X"),
+    ("v_mfma_f32_16x16x16_bf16", jnp.bfloat16, jnp.float32, "MI300X"),
+    ("v_mfma_f32_16x16x8_xf32", jnp.float32, jnp.float32, "MI300X"),
+    ("v_mfma_f32_16x16x32_fp8_bf8", ml_dtypes.float8_e4m3fnuz, jnp.float32, "MI300X"),
+    ("v_mfma_f32_32x32x8f16", jnp.float16, jnp.float32, "MI250X"),
+    ("v_mfma_f32_16x16x4f32", jnp.float32, jnp.float32, "MI250X"),
 ]
 
 
@@ -49,15 +59,16 @@ def main():
         if args.only not in sp:
             continue
         arch = arch or args.arch
-        ins = tcemu._src.isa.parse.parse(sp)
+        ins = parse_mfma(sp, arch) if sp.startswith("v_mfma") else parse(sp)
         T, M, N, K = args.tiles, ins.m, ins.n, ins.k
+        bdt = ml_dtypes.float8_e5m2fnuz if sp.endswith("fp8_bf8") else adt
         if np.dtype(adt).kind == "i":
             a = jnp.asarray(rng.integers(-128, 128, (T, M, K)), adt)
             b = jnp.asarray(rng.integers(-128, 128, (T, K, N)), adt)
             c = jnp.asarray(rng.integers(-1000, 1000, (T, M, N)), cdt)
         else:
             a = jnp.asarray(rng.standard_normal((T, M, K)).astype(adt))
-            b = jnp.asarray(rng.standard_normal((T, K, N)).astype(adt))
+            b = jnp.asarray(rng.standard_normal((T, K, N)).astype(bdt))
             c = jnp.asarray(rng.standard_normal((T, M, N)).astype(cdt))
         scales = {}
         if ins.scale_vec:  # ue8m0 codes around 2**0
@@ -76,7 +87,8 @@ def main():
         eq = M * N * K / 2048
         rows.append([sp.replace(".sync.aligned", ""), T, f"{e_best * 1e3:.2f}", f"{T / e_best:,.0f}",
                      f"{T * eq / e_best:,.0f}", f"{T * eq / e_med:,.0f}", f"{n_best * 1e3:.3f}", f"{e_best / n_best:.1f}"])
-    print(f"device: {device_name()}  arch preset: {args.arch} (kind:: forms: RTX5090)  tiles per call: {args.tiles}")
+    print(f"device: {device_name()}  arch preset: {args.arch} (kind:: forms: RTX5090; v_mfma: MI300X, MI250X)  "
+          f"tiles per call: {args.tiles}")
     print(table(rows, ["instruction", "tiles", "emu ms", "MMAs/s", "m16n8k16-eq/s", "(median)", "native ms",
                        "emu/native"]))
 
