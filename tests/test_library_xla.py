@@ -9,6 +9,7 @@ jnp.dot capture had.
 from __future__ import annotations
 
 import collections
+import os
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from tcemu._src import library_xla as X
 from test_library import CASES, DATA, HELD_OUT_CASES, _bits, _captured, _emulate_fast
 
 FRESH = [DATA / "library_gemm_h200_jax_fresh.npz", DATA / "library_gemm_h200_jax_fresh2.npz"]
+ALL = os.environ.get("TCEMU_ALL_VECTORS") == "1"  # every development case (CI: a fifth)
 
 
 def _answer(gpu, case, hlo=True):
@@ -43,18 +45,24 @@ def _tally(items, rows=None):
 
 
 def test_development_captures():
-    """Every jnp.dot of the table and held-out grids (4 of each case's rows: CI time; 16 matched
+    """Every jnp.dot of the table and held-out grids (``TCEMU_ALL_VECTORS=1``; CI: every fifth case; 4 of each
+    case's rows: CI time; 16 matched
     the same way when the rules were made): with the autotuner off, 454 of 454 read as "compiled";
     on, 401 of 404 "compiled" (Triton GEMMs, and cuBLAS calls the records lack; the misses: two
     fp8 Triton split-K GEMMs whose reduction no schedule of tcemu reproduces, as identify found,
     and a TMA reduction tile of 2 x 200) and 50 of 50 cuBLAS calls the records hold ("recorded")."""
     items = [(gpu, path, c) for cs in (CASES, HELD_OUT_CASES) for (gpu, lib, _), (path, c) in cs.items()
              if lib == "jnp.dot"]
+    known = {("H100", 128, 128, 32768, "e4m3", "f32"), ("H100", 200, 200, 20000, "f16", "f16"),
+             ("H200", 256, 256, 16384, "e4m3", "f32")}
+    if not ALL:  # CI: every fifth case (CI time); the misses stay among the known ones
+        got, wrong = _tally(items[::5], rows=4)
+        assert set(wrong) <= known and not any(src == "nearest" for _, src in got)
+        return
     got, wrong = _tally(items, rows=4)
     assert got[(False, "compiled")] == [454, 454]
     assert got[(True, "compiled")] == [401, 404] and got[(True, "recorded")] == [50, 50]
-    assert sorted(wrong) == [("H100", 128, 128, 32768, "e4m3", "f32"), ("H100", 200, 200, 20000, "f16", "f16"),
-                             ("H200", 256, 256, 16384, "e4m3", "f32")]
+    assert set(wrong) == known
 
 
 def test_held_out_fresh_captures():
