@@ -141,19 +141,9 @@ def random_meta(rng, T, mode, tf32=False):
 # placing operands
 
 
-def a_kc(f):
-    """Compressed A's K (K/2) and its dense-wgmma register fragment coordinates."""
-    return f.k // 2, W.a_coords(f.bits)
-
-
-def a_canonical(f, swz, tnsp):
-    la, sa = W.canonical(64, swz, tnsp, f.bits)
-    return la, sa
-
-
 def put_a(img, f, A, swz="none"):
     """A (64, K/2) at the canonical descriptor at 0: the descriptor."""
-    la, sa = a_canonical(f, swz, f.tnsp_a)
+    la, sa = W.canonical(64, swz, f.tnsp_a, f.bits)
     W.place(img, 0, A, swz, la, sa, f.tnsp_a, f.bits)
     return W.encode(0, la, sa, swz)
 
@@ -241,7 +231,7 @@ def map_tiles(f, rng):
 # ---------------------------------------------------------------------------------------------
 # layout tiles: random descriptors over offset-coded images (wgmma_regs.plane_image)
 
-PATTERNS = {16: (0x44444444, 0xEEEEEEEE), 8: (0x44444444, 0xEEEEEEEE)}  # every chunk (0, 1) / (2, 3)
+PATTERNS = (0x44444444, 0xEEEEEEEE)  # every chunk (0, 1) / (2, 3), 8- and 16-bit units alike
 
 
 def layout_forms():
@@ -287,7 +277,7 @@ def layout_tiles(f, rng, per_swizzle):
                         A = (ac[..., 1] == ac[..., 0] % kc).astype(np.uint32) * one
                         ar.append(I.pack_slots(A[None], f.bits, 4)[0])
                     imgs.append(img), planes.append(p), pats.append(pi)
-                    es.append(np.full(128, PATTERNS[min(f.bits, 16)][pi], np.uint32))
+                    es.append(np.full(128, PATTERNS[pi], np.uint32))
     return (np.stack(imgs), np.array(descs, np.uint64), np.stack(ar), np.stack(es), np.array(planes, np.int8),
             np.array(pats, np.int8))
 
