@@ -102,6 +102,38 @@ def test_identify_with_the_library_reproduces_held_out_rows(gpu, lib, M, N, K, a
     assert np.array_equal(_bits(got), _bits(d[32:])), cfg
 
 
+# 32 rows fit several split counts and the family's search order meets a wrong one first (the
+# 7 misses of stop 42's 500 held-out cases); cuBLAS's recorded choice at the whole shape fits
+RECORD_HINT = [
+    ("H100", "torch.mm", 160, 160, 12288, "bf16", "bf16", {"reduced_precision_reduction": True}),  # 5 slices, not 3
+    ("H200", "torch.mm", 160, 160, 12288, "bf16", "bf16", {"reduced_precision_reduction": False}),  # 6, not 2
+    ("H100", "torch.mm", 640, 640, 999, "f16", "f16", {"reduced_precision_reduction": True}),  # CUTLASS 2, 5 slices
+]
+
+
+@pytest.mark.parametrize("gpu,lib,M,N,K,a,out,flags", RECORD_HINT,
+                         ids=[f"{g}-{lib}-{M}x{N}x{K}-{a}-{o}" for g, lib, M, N, K, a, o, _ in RECORD_HINT])
+def test_identify_tries_the_records_at_the_whole_shape_first(gpu, lib, M, N, K, a, out, flags):
+    path, case = _find(gpu, lib, M, N, K, a, out, cases=HELD_OUT_CASES, **flags)
+    rows, cols, d = _captured(path, case)
+    A, _, bs = C.crop_operands(case, rows, cols)
+
+    def held_out(cfg):
+        got = np.asarray(tcemu.matmul(A[32:], bs[0], config=cfg)).astype(d.dtype)
+        return np.array_equal(_bits(got), _bits(d[32:]))
+
+    # without the whole shape the crop (32 x 32) is looked up: the search's first fit misses rows
+    assert not held_out(tcemu.identify(A[:32], bs[0], d[:32], arch=gpu, library=lib))
+    assert held_out(tcemu.identify(A[:32], bs[0], d[:32], arch=gpu, library=lib, shape=(M, N)))
+
+
+def test_identify_checks_shape():
+    a, b, d = np.ones((4, 16), np.float16), np.ones((16, 8), np.float16), np.zeros((4, 8), np.float32)
+    for bad in ((4,), (4, 0), [8, 8], (2, 8)):
+        with pytest.raises(ValueError, match="identify: shape must be None|smaller than the operands"):
+            tcemu.identify(a, b, d, arch="H100", library="torch.mm", shape=bad)
+
+
 # the forms each family's split-K takes: nvjet slices aligned to its 64-wide k-tiles; CUTLASS 2
 # and XLA slices of 16 bytes, the residue first (CUTLASS 2) or last (XLA)
 FAMILY_FORMS = {"nvjet": lambda s: s.k_tile == 64 and s.residue == "last" and not s.slice_align,

@@ -117,6 +117,7 @@ def one(path, case, twin, seconds):
     try:
         lib = "jnp.dot" if case["lib"].startswith("jax") else "torch._scaled_mm" if case["a"] == "e4m3" else "torch.mm"
         cfg = tcemu.identify(a, bs[int(bt[0])], d[seen], arch=arch, rows=SEEN, library=lib, max_seconds=seconds,
+                             shape=((case["batch"],) if case.get("batch") else ()) + (case["M"], case["N"]),
                              **_select(ops, seen))
         held = emulate(case, rows[~seen], cols, cfg, _select(ops, ~seen)).view(store) == d[~seen].view(store)
         row.update(config_dict(cfg), held_out=float(held.mean()) if held.size else None, source="identify")

@@ -23,9 +23,10 @@ from tcemu._src.arch import resolve
 from tcemu._src.gemm import GemmConfig, KSchedule
 from tcemu._src.gemm.config import instruction as parse_instruction
 from tcemu._src.gemm.schedule import REDUCTIONS
+from tcemu._src.identify.hints import hints as _hints, prefer as _prefer, whole_shape as _shape
 from tcemu._src.identify.sample import INPUT_TYPES, OUTPUT_TYPES, Sample, epilogue_operands, epilogues_to_try
 from tcemu._src.isa.targets import check_arch
-from tcemu._src.library import LIBRARIES, cublas_family, slice_alignment
+from tcemu._src.library import slice_alignment
 
 _NUMPY = {"f16": np.float16, "bf16": ml_dtypes.bfloat16}
 SLICE_COUNTS = tuple(range(2, 33)) + (40, 48, 56, 64, 96, 128)
@@ -162,25 +163,9 @@ def _signature(s: KSchedule, K: int, k: int):
         (s.reduction, s.reduce_threads, s.reduce_lanes) if plan.slices > 2 else "", s.partials if plan.slices > 1 else ""
 
 
-def _prefer(library, K: int, N: int, at: str, bt: str):
-    """The kernel family a library runs first, from the shape: cuBLAS (torch.mm, torch.bmm) on
-    16-bit inputs :func:`~tcemu._src.library.cublas_family`. nvjet kernels are
-    Hopper ``wgmma`` kernels: k16 numerics, never the k8 of CUTLASS 2's s1688 kernels. XLA
-    (jnp.dot) splits K itself, into equal slices of 16 bytes, also around its cuBLAS calls. No
-    preference for torch._scaled_mm."""
-    if library is None:
-        return None
-    if not isinstance(library, str) or library not in LIBRARIES:
-        err = ValueError if isinstance(library, str) else TypeError
-        raise err(f"identify: library must be None or one of {', '.join(LIBRARIES)}, got {library!r}")
-    if library in ("torch.mm", "torch.bmm") and at in ("f16", "bf16") and bt in ("f16", "bf16"):
-        return cublas_family(K, N)
-    return "xla" if library == "jnp.dot" else None
-
-
 def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction: str | None = None,
              candidates=None, library: str | None = None, max_seconds: float = 600.0, c=None, bias=None,
-             alpha=None, beta=None, scale_a=None, scale_b=None, epilogues=None) -> GemmConfig:
+             alpha=None, beta=None, scale_a=None, scale_b=None, epilogues=None, shape=None) -> GemmConfig:
     """A :class:`GemmConfig` with which ``tcemu.matmul(a, b, config=cfg).astype(d.dtype)``
     equals ``d`` bit for bit.
 
@@ -193,9 +178,12 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
     candidate) and the one returned is confirmed through ``matmul``. 16-bit outputs carry less
     evidence: more rows separate schedules that differ in a few outputs, and ``library`` (one of
     :data:`tcemu.library_config`'s: "torch.mm", "torch.bmm", "torch._scaled_mm", "jnp.dot")
-    tries the kernel family that library runs at this shape first (cuBLAS: CUTLASS 2 forms
-    where K or N is not a multiple of 8, nvjet forms otherwise; XLA: its split-K forms). Raises
-    :class:`NoMatch` (a ValueError) listing the closest candidates when none matches.
+    tries first what :func:`tcemu.library_config` answers from cuBLAS's records or a rule under
+    each of the library's flags (GEMMs without ``c``/``bias``/``alpha``/``beta``), then the kernel
+    family it runs at the shape (cuBLAS: CUTLASS 2 forms where K or N is not a multiple of 8,
+    nvjet forms otherwise; XLA: its split-K forms). ``shape``: the whole GEMM's ``(M, N)`` or
+    ``(batch, M, N)`` where ``a``, ``b`` and ``d`` are crops of it (cuBLAS's choice depends on
+    it). Raises :class:`NoMatch` (a ValueError) listing the closest candidates when none matches.
 
     A layer with an epilogue: give its operands (``c``, ``bias``, ``alpha``, ``beta``, ``scale_a``
     (a scalar or (M, 1)), ``scale_b`` (a scalar or (1, N)), as :func:`tcemu.matmul` takes them) and
@@ -216,8 +204,8 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
     at, bt, ot = _check(a, b, d, arch, rows, cols)
     max_seconds = _seconds(max_seconds)
     candidates = _candidates(candidates)
-    K = a.shape[-1]
-    prefer = _prefer(library, K, b.shape[-1], at, bt)
+    K, whole = a.shape[-1], _shape(shape, a, b)
+    prefer = _prefer(library, K, whole[2], at, bt)
     ins_list = _instructions(arch, at, bt, instruction)
     ops = epilogue_operands(d, dict(c=c, bias=bias, alpha=alpha, beta=beta, scale_a=scale_a, scale_b=scale_b))
     sample = Sample(a, b, d, rows, cols, ops)
@@ -226,12 +214,10 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
     fast = {ins: sample.evaluators(GemmConfig(arch=arch, instruction=ins)) for ins in ins_list}
     if candidates is not None:
         todo = [(ins, sc) for sc in candidates for ins in ins_list]
-    else:  # stage by stage, every instruction within a stage
-        first = {ins: None if prefer == "nvjet" and ks[ins] == 8 else prefer for ins in ins_list}  # nvjet: k16 only
-        staged = [(st, i, ins, sc) for i, ins in enumerate(ins_list)
-                  for st, sc in schedules(K, ks[ins], at, bt, ot, first[ins])]
-        # instructions the chain evaluator covers first: the others cost a compile per candidate
-        todo = [(ins, sc) for st, i, ins, sc in sorted(staged, key=lambda x: (fast[x[2]] is None, x[0], x[1]))]
+    else:
+        bare = c is None and bias is None and alpha is None and beta is None  # the records are of bare GEMMs
+        hints = _hint_pairs(library if bare else None, arch, whole, K, (at, bt, ot), instruction, ks, fast, sample)
+        todo = hints + _staged(ins_list, ks, fast, K, (at, bt, ot), prefer)
     t0, tried, scores = time.time(), set(), []
     for ins, sc in todo:
         k = ks[ins]
@@ -257,6 +243,27 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
     lines = "; ".join(f"{f:.1%}: {c.instruction}, {c.schedule.describe()}" for f, c in scores[:5])
     raise NoMatch(f"identify: none of {len(scores)} candidate configurations reproduces d "
                   f"({at} x {bt} -> {ot}, K = {K}, {arch}); closest: {lines}", scores[:5])
+
+
+def _hint_pairs(library, arch, whole, K, types, instruction, ks, fast, sample):
+    """(instruction, schedule) of :func:`~tcemu._src.identify.hints.hints` (``instruction`` only,
+    if given); their instructions join ``ks`` and ``fast``."""
+    out = [(h.instruction, h.schedule) for h in _hints(library, arch, whole, K, *types)
+           if instruction is None or h.instruction == instruction]
+    for ins, _ in out:
+        if ins not in ks:
+            cfg0 = GemmConfig(arch=arch, instruction=ins)
+            ks[ins], fast[ins] = cfg0.ins.k, sample.evaluators(cfg0)
+    return out
+
+
+def _staged(ins_list, ks, fast, K, types, prefer):
+    """(instruction, schedule) stage by stage, every instruction within a stage; instructions the
+    chain evaluator covers first (the others cost a compile per candidate)."""
+    first = {ins: None if prefer == "nvjet" and ks[ins] == 8 else prefer for ins in ins_list}  # nvjet: k16 only
+    staged = [(st, i, ins, sc) for i, ins in enumerate(ins_list)
+              for st, sc in schedules(K, ks[ins], *types, first[ins])]
+    return [(ins, sc) for st, i, ins, sc in sorted(staged, key=lambda x: (fast[x[2]] is None, x[0], x[1]))]
 
 
 def _check(a, b, d, arch, rows, cols):
