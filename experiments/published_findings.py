@@ -94,6 +94,16 @@ def error_curves(ks, outputs):
     return [tcemu.error_vs_k(fmt, gpu, ks, outputs=outputs, promotion_interval=p) for fmt, gpu, p in GPU_CONFIGS]
 
 
+# the same input formats on the H100 and on the MI300X (CDNA3: MMA-Sim's model) and MI250X (CDNA2)
+AMD_VS_H100 = (("f16", "H100"), ("f16", "MI300X"), ("f16", "MI250X"), ("bf16", "H100"), ("bf16", "MI300X"),
+               ("e4m3", "H100"), ("e4m3fnuz", "MI300X"))
+
+
+def amd_vs_h100_curves(ks, outputs, dist="uniform"):
+    """error_vs_k of each (format, GPU) of :data:`AMD_VS_H100`, one chained MMA per GPU."""
+    return [tcemu.error_vs_k(fmt, gpu, ks, outputs=outputs, dist=dist) for fmt, gpu in AMD_VS_H100]
+
+
 def fp8_gemm_errors(k=4096, size=64, seed=0):
     """Rows (config, distribution, normwise error, max elementwise relative error, max |err| / max |ref|)."""
     rng = np.random.default_rng(seed)
@@ -137,16 +147,34 @@ def bf16_sum_example(n=10000, seed=0):
             "tcemu, A100 preset -> bfloat16": float(np.asarray(tcemu.matmul(x, ones, config=tcemu.GemmConfig(**gemm)))[0, 0].astype(bf16))}
 
 
+def amd_section(ks, args, out, t0):
+    """Section 5: :data:`AMD_VS_H100`'s curves, printed and written (amd_vs_h100.csv/.png)."""
+    from tcemu._src.draw import plot_error_curves
+
+    print(f"\n5. AMD MI300X / MI250X against the H100: max relative error of {args.outputs} dot products\n")
+    curves = amd_vs_h100_curves(ks, args.outputs)
+    print("\n".join(curves_table(curves, (64, 256, 1024, 4096, 16384))))
+    write_csv(curves, out / "amd_vs_h100.csv")
+    plot_error_curves(curves, out / "amd_vs_h100.png",
+                      title=f"H100 and AMD matrix cores vs float64 ({args.outputs} outputs, U[0,1))")
+    print(f"wrote {out}/amd_vs_h100.csv, amd_vs_h100.png ({time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kmax", type=int, default=16384)
     p.add_argument("--outputs", type=int, default=1024, help="dot products per length")
     p.add_argument("--fp8-k", type=int, default=4096)
     p.add_argument("--out", default=str(ROOT / "experiments" / "results"))
+    p.add_argument("--amd-only", action="store_true", help="only section 5 (MI300X and MI250X against the H100)")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
+    ks = [2 ** i for i in range(4, 20) if 2 ** i <= args.kmax]
+    if args.amd_only:
+        return amd_section(ks, args, out, t0)
 
     print("1. Feature tests (tcemu.probe); F = fraction bits kept in alignment, acc = accumulator bits\n")
     rows = probe_table()
@@ -156,7 +184,6 @@ def main(argv=None):
         w.writerow(["gpu", "instruction", "measured_on", "literature"] + [c for c, _ in COLUMNS])
         w.writerows(rows)
 
-    ks = [2 ** i for i in range(4, 20) if 2 ** i <= args.kmax]
     print(f"\n2. Max relative error of {args.outputs} dot products of U[0,1) inputs against float64\n")
     curves = error_curves(ks, args.outputs)
     print("\n".join(curves_table(curves, (64, 256, 1024, 4096, 16384))))
@@ -176,6 +203,7 @@ def main(argv=None):
     print("\n4. ml_dtypes' README: 10,000 U[0,1) values summed in bfloat16\n")
     for name, v in bf16_sum_example().items():
         print(f"{name:34s} {v}")
+    amd_section(ks, args, out, t0)
     print(f"\nwrote {out}/probe.csv, error_vs_k.csv, error_vs_k.png, deepseek_fp8.csv "
           f"({time.perf_counter() - t0:.0f} s)\nreproduce: python experiments/published_findings.py "
           f"--kmax {args.kmax} --outputs {args.outputs} --fp8-k {args.fp8_k}")
