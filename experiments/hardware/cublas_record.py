@@ -2,6 +2,7 @@
 the torch profiler), over the default grid and at the shapes of the committed torch captures.
 
     python experiments/hardware/cublas_record.py --out OUTDIR [--quick] [--only grid|captures]
+    python experiments/hardware/cublas_record.py --out OUTDIR --only random --seed S --count N
     python experiments/hardware/cublas_record.py --compact --merge tcemu/_src/data/cublas_records_h100.json.gz \
         OUTDIR/cublas_records_h100.json.gz OUTDIR/cublas_records_h100_captures.json.gz \
         tests/data/cublas_records_h100_fresh.json.gz tests/data/cublas_records_h100_fresh2.json.gz
@@ -55,6 +56,31 @@ def capture_cases() -> list[dict]:
     return out
 
 
+def random_shapes(seed: int, count: int) -> list[tuple[int, int, int]]:
+    """``count`` (M, N, K) shapes of ML GEMMs drawn at random (numpy ``default_rng(seed)``): M
+    log-uniform in 8..8192 (half of them multiples of 16), N and K log-uniform in 64..16384 (K
+    in 64..32768 one time in ten); N and K multiples of 64 half the time, of 8 (not of 64) a
+    quarter, any integer the rest; no shape of the default grid."""
+    rng = np.random.default_rng(seed)
+    grid = {(c["M"], c["N"], c["K"]) for c in R.default_cases()}
+
+    def logu(lo, hi):
+        return int(round(float(np.exp(rng.uniform(np.log(lo), np.log(hi))))))
+
+    def aligned(v):
+        u = rng.random()
+        return max(64, v // 64 * 64) if u < 0.5 else max(8, v // 8 * 8 + (8 if v % 64 == 0 else 0)) if u < 0.75 else v
+
+    out = set()
+    while len(out) < count:
+        M = logu(8, 8192)
+        M = max(16, M // 16 * 16) if rng.random() < 0.5 else M
+        shape = (M, aligned(logu(64, 16384)), aligned(logu(64, 32768 if rng.random() < 0.1 else 16384)))
+        if shape not in grid:
+            out.add(shape)
+    return sorted(out)
+
+
 def merge(out: str, inputs: list[str], compact: bool = False) -> None:
     """One record file from several of one GPU (the first's header; later rows replace earlier
     ones of the same case), each input's header kept under ``"parts"``; ``compact``: each call
@@ -87,7 +113,9 @@ def main(argv=None):
     p.add_argument("--compact", action="store_true", help="with --merge: keep each call's algorithm only")
     p.add_argument("--out")
     p.add_argument("--quick", action="store_true", help="a few shapes of the grid (plumbing check)")
-    p.add_argument("--only", choices=("grid", "captures"))
+    p.add_argument("--only", choices=("grid", "captures", "random"))
+    p.add_argument("--seed", type=int, default=0, help="--only random: the shapes' seed")
+    p.add_argument("--count", type=int, default=2000, help="--only random: how many shapes")
     args = p.parse_args(argv)
     if args.merge:
         merge(args.merge[0], args.merge[1:], args.compact)
@@ -95,6 +123,10 @@ def main(argv=None):
     if not args.out:
         p.error("--out is required (or --merge)")
     gpu = gpu_name()
+    if args.only == "random":
+        R.record(Path(args.out) / f"cublas_records_{gpu}_random{args.seed}.json.gz",
+                 shapes=random_shapes(args.seed, args.count))
+        return
     if args.only != "grid":
         cases = capture_cases()
         R.record(Path(args.out) / f"cublas_records_{gpu}_captures.json.gz", cases=cases[:60] if args.quick else cases)
