@@ -109,7 +109,7 @@ def test_vectors_cover_every_instruction():
     """The file holds every MFMA of the three targets' tables (as MMA-Sim spells them) x six
     distributions, and CI's sample covers every CDNA3 instruction and every distribution."""
     have = {(GFX[a], tcemu_ins(a, s).spelling) for a, s in forms()}
-    assert have == {(arch, s) for arch, t in TABLE.items() for s in t}
+    assert have == {(arch, s) for arch, t in TABLE.items() for s in t if "_i32_" not in s}  # i8: test_mfma_i8.py
     cases = _cases()
     for gen in ("CDNA2", "CDNA3"):
         assert {s for a, s, _ in cases if a == gen} == {s for a, s in forms() if a == gen}

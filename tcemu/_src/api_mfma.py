@@ -8,7 +8,9 @@ The ISA's modifiers that act on values: ``cbsz``/``abid`` (block ``j`` reads the
 axis is then the last batch axis, of size ``blocks``) and, for f64 on CDNA3, ``neg`` (three flags
 negating A, B and C; LLVM's ``neg:[a,b,c]``, which replaces ``blgp`` there). ``blgp`` itself
 permutes the lanes that hold B, a register-level matter. MMA-Sim does not model these modifiers;
-they are implemented from the CDNA3 ISA guide's description of the MFMA fields.
+they are implemented from the CDNA3 ISA guide's description of the MFMA fields. The integer MFMAs
+(``v_mfma_i32_..._i8``) take int8 a and b and int32 c and return int32: an exact sum plus C that
+wraps modulo 2**32 (assumed from the ISA text, no peer model; :func:`~tcemu._src.numerics.mfma.int_bits`).
 
     >>> import jax.numpy as jnp, tcemu
     >>> a = jnp.ones((32, 8), jnp.float16); b = jnp.full((8, 32), 0.5, jnp.float16)
@@ -38,6 +40,8 @@ def _operand(x, etype: str, name: str, spelling: str):
                         f"{' (float32 registers, read as tf32)' if etype == 'tf32' else ''}, got {x.dtype}")
     if etype == "f64":
         return jax.lax.bitcast_convert_type(x, jnp.uint64)
+    if etype in ("s8", "s32"):  # integer MFMAs: two's complement bits, as the registers hold them
+        return jax.lax.bitcast_convert_type(x, jnp.uint8 if etype == "s8" else jnp.uint32).astype(jnp.uint32)
     return fm.to_bits(x, etype)
 
 
@@ -87,8 +91,8 @@ def mfma(spelling: str, a, b, c, *, arch, model=None, cbsz: int = 0, abid: int =
     if key not in _JITS:
         _JITS[key] = jax.jit(lambda A, B, C: mfma_numerics.mfma_bits(ins, *_negate(ins, (A, B, C), flips), model))
     D = _JITS[key](A, B, C)
-    if ins.dtype == "f64":
-        return jax.lax.bitcast_convert_type(D, jnp.float64)
+    if ins.dtype in ("f64", "s32"):
+        return jax.lax.bitcast_convert_type(D, jnp.float64 if ins.dtype == "f64" else jnp.int32)
     return fm.from_bits(D, "f32")
 
 

@@ -24,6 +24,8 @@ def probe_instruction(spelling: str, arch=None) -> Mma:
         ins = parse_mfma(spelling, arch)
         if ins.family in ("f32", "f64"):
             raise ValueError(f"probe measures block adders; {spelling!r} is a chain of FMAs")
+        if ins.family == "int":
+            raise ValueError(f"probe measures floating-point block adders; {spelling!r} is an integer MFMA (exact)")
         return ins
     ins = parse(spelling)
     if not isinstance(ins, Mma):

@@ -89,6 +89,9 @@ class GemmConfig:
 
     def _check_instruction(self, arch):
         ins = self.ins
+        if ins.kind == "mfma" and ins.family == "int":
+            raise ValueError(f"{ins.spelling!r}: integer MFMAs are exact (int32 sums that wrap), and GEMM emulation "
+                             "is for floating-point instructions (as with NVIDIA's s8 mma); run them with tcemu.mma")
         if ins.kind == "mfma" and ins.family in ("f32", "f64"):
             raise ValueError(f"{ins.spelling!r}: f32/f64 MFMAs are FMA chains; GEMM emulation takes the f16, bf16, "
                              "xf32 and fp8/bf8 MFMAs")

@@ -23,14 +23,17 @@ from tcemu._src.arch import AMD, resolve
 
 # element types in the spellings -> tcemu formats (xf32: float32 registers read as tf32)
 ETYPES = {"f32": "f32", "xf32": "tf32", "f16": "f16", "bf16": "bf16", "f64": "f64", "fp8": "e4m3fnuz",
-          "bf8": "e5m2fnuz"}
+          "bf8": "e5m2fnuz", "i8": "s8"}
 FAMILY = {"f32": "f32", "tf32": "tf32", "f16": "f16", "bf16": "bf16", "f64": "f64", "e4m3fnuz": "fp8",
-          "e5m2fnuz": "fp8"}
+          "e5m2fnuz": "fp8", "s8": "int"}
+_I8_12 = ((32, 32, 4, 2), (16, 16, 4, 4), (4, 4, 4, 16), (32, 32, 8, 1), (16, 16, 16, 1))  # i8 -> i32: CDNA1/2
+_I8_3 = ((32, 32, 4, 2), (16, 16, 4, 4), (4, 4, 4, 16), (32, 32, 16, 1), (16, 16, 32, 1))  # i8 -> i32: CDNA3
 
 # (M, N, K, blocks) per input type: CDNA1 (gfx908) and the CDNA2 (gfx90a) additions
 _CDNA1 = {"f32": ((32, 32, 2, 1), (32, 32, 1, 2), (16, 16, 4, 1), (16, 16, 1, 4), (4, 4, 1, 16)),
           "f16": ((32, 32, 8, 1), (32, 32, 4, 2), (16, 16, 16, 1), (16, 16, 4, 4), (4, 4, 4, 16)),
-          "bf16": ((32, 32, 4, 1), (32, 32, 2, 2), (16, 16, 8, 1), (16, 16, 2, 4), (4, 4, 2, 16))}
+          "bf16": ((32, 32, 4, 1), (32, 32, 2, 2), (16, 16, 8, 1), (16, 16, 2, 4), (4, 4, 2, 16)),
+          "i8": _I8_12}
 _CDNA2 = {"f64": ((16, 16, 4, 1), (4, 4, 4, 4)),
           "bf16_1k": ((32, 32, 8, 1), (32, 32, 4, 2), (16, 16, 16, 1), (16, 16, 4, 4), (4, 4, 4, 16))}
 _CDNA3 = {"f64": ((16, 16, 4, 1), (4, 4, 4, 4)),
@@ -38,7 +41,8 @@ _CDNA3 = {"f64": ((16, 16, 4, 1), (4, 4, 4, 4)),
           "xf32": ((16, 16, 8, 1), (32, 32, 4, 1)),
           "f16": ((32, 32, 8, 1), (32, 32, 4, 2), (16, 16, 16, 1), (16, 16, 4, 4), (4, 4, 4, 16)),
           "bf16": ((32, 32, 8, 1), (32, 32, 4, 2), (16, 16, 16, 1), (16, 16, 4, 4), (4, 4, 4, 16)),
-          **{f"{x}_{y}": ((16, 16, 32, 1), (32, 32, 16, 1)) for x in ("fp8", "bf8") for y in ("fp8", "bf8")}}
+          **{f"{x}_{y}": ((16, 16, 32, 1), (32, 32, 16, 1)) for x in ("fp8", "bf8") for y in ("fp8", "bf8")},
+          "i8": _I8_3}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,8 +80,11 @@ class Mfma:
     stype = None
 
 
+_DTYPE = {"f64": "f64", "i8": "i32"}  # the C/D type of an input type key (else f32)
+
+
 def _spell(arch: str, t: str, m: int, n: int, k: int, blocks: int) -> str:
-    d = "f64" if t == "f64" else "f32"
+    d = _DTYPE.get(t, "f32")
     if arch == "gfx942":
         nb = f"_{blocks}b" if blocks > 1 else ""
         return f"v_mfma_{d}_{m}x{n}x{k}{nb}_{t}"
@@ -132,5 +139,5 @@ def parse_mfma(spelling: str, arch) -> Mfma:
                          f"{', '.join(TABLE[a.name])}")
     t, m, n, k, blocks = TABLE[a.name][canon]
     at, _, bt = t.removesuffix("_1k").partition("_")
-    return Mfma(canon, a.name, m, n, k, blocks, ETYPES[at], ETYPES[bt or at], "f64" if t == "f64" else "f32",
-                onek=t == "bf16_1k")
+    dtype = {"f64": "f64", "i32": "s32"}.get(_DTYPE.get(t), "f32")
+    return Mfma(canon, a.name, m, n, k, blocks, ETYPES[at], ETYPES[bt or at], dtype, onek=t == "bf16_1k")

@@ -7,10 +7,10 @@ Contract (public)::
 
 ``a``, ``b``, ``c``, ``d``: the register indices of each operand (as many as the instruction's
 layout needs: :attr:`fa`, :attr:`fb`, :attr:`fd` ``.nregs``; an f64 element takes a pair, low word
-first); C may overlap D. The layouts are AMD's Matrix Instruction Calculator's
-(:mod:`tcemu._src.layouts.mfma`): ``cbsz``/``abid`` pick the block of A each block reads,
-``blgp`` the lanes B is read from (lane forms), ``neg`` (gfx942 f64) negates A, B, C. The values
-are those of the value level (:mod:`tcemu._src.api_mfma`, MMA-Sim's models).
+first; i8 elements are bytes, four a VGPR); C may overlap D. The layouts are AMD's Matrix
+Instruction Calculator's (:mod:`tcemu._src.layouts.mfma`): ``cbsz``/``abid`` pick the block of A
+each block reads, ``blgp`` the lanes B is read from (lane forms), ``neg`` (gfx942 f64) negates A,
+B, C. The values are those of the value level (:mod:`tcemu._src.api_mfma`, MMA-Sim's models).
 
     >>> import numpy as np, tcemu
     >>> f = tcemu.ptx("v_mfma_f32_32x32x8_f16", arch="MI300X")
@@ -38,7 +38,8 @@ from tcemu._src.numerics import mfma as mfma_numerics
 def _flag(spelling, name, v, hi):
     iv = register_index(v)
     if iv is None or not 0 <= iv <= hi:
-        raise ValueError(f"{spelling}: {name} must be an integer in 0..{hi}, got {v!r}")
+        none = f" ({spelling} takes no {name.upper()})" if hi == 0 else ""
+        raise ValueError(f"{spelling}: {name} must be an integer in 0..{hi}{none}, got {v!r}")
     return iv
 
 
@@ -51,7 +52,9 @@ class MfmaRegs(Instruction):
         self.fa, self.fb, self.fd = (self.layout.fragment(m) for m in ("a", "b", "d"))
         if model is not None and ins.family in ("f32", "f64"):
             raise ValueError(f"{ins.spelling!r}: f32 and f64 MFMAs are FMA chains; model= does not apply")
-        if ins.family not in ("f32", "f64"):
+        if model is not None and ins.family == "int":
+            raise ValueError(f"{ins.spelling!r}: integer MFMAs are exact (int32, wrapping); model= does not apply")
+        if ins.family not in ("f32", "f64", "int"):
             mfma_numerics.mfma_model(ins, model)  # a preset or model exists (clear error otherwise)
         self.model = model
         self._impl = jax.jit(self._run, static_argnames=("d", "a", "b", "c", "cbsz", "abid", "blgp", "neg"))
