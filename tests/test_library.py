@@ -127,6 +127,21 @@ def test_identify_tries_the_records_at_the_whole_shape_first(gpu, lib, M, N, K, 
     assert held_out(tcemu.identify(A[:32], bs[0], d[:32], arch=gpu, library=lib, shape=(M, N)))
 
 
+def test_identify_reads_the_compiled_module():
+    # XLA split K around a cuBLAS call and summed the 8 slices in a Triton reduction: 32 rows
+    # also fit the autotuner-off rule's sequential sum, tried first without the module
+    path, case = _find("H200", "jnp.dot", 512, 512, 24576, "f16", "f16", cases=HELD_OUT_CASES, xla_autotune=None)
+    rows, cols, d = _captured(path, case)
+    A, _, bs = C.crop_operands(case, rows, cols)
+    hlo = "\n".join(case["hlo"])
+    cfg = tcemu.identify(A[:32], bs[0], d[:32], arch="H200", library="jnp.dot", shape=(512, 512), hlo=hlo)
+    got = np.asarray(tcemu.matmul(A[32:], bs[0], config=cfg)).astype(d.dtype)
+    assert np.array_equal(_bits(got), _bits(d[32:])), cfg
+    plain = tcemu.identify(A[:32], bs[0], d[:32], arch="H200", library="jnp.dot", shape=(512, 512))
+    got = np.asarray(tcemu.matmul(A[32:], bs[0], config=plain)).astype(d.dtype)
+    assert not np.array_equal(_bits(got), _bits(d[32:])), plain
+
+
 def test_identify_checks_shape():
     a, b, d = np.ones((4, 16), np.float16), np.ones((16, 8), np.float16), np.zeros((4, 8), np.float32)
     for bad in ((4,), (4, 0), [8, 8], (2, 8)):

@@ -79,6 +79,7 @@ def one(job):
     try:
         cfg = tcemu.identify(a, bs[int(bt[0])], d[seen], arch=arch, rows=n_seen, library=case["lib"],
                               shape=((case["batch"],) if case["batch"] else ()) + (case["M"], case["N"]),
+                              hlo="\n".join(case["hlo"]) if case.get("hlo") else None,
                               max_seconds=seconds)
         row.update(config_dict(cfg), seen=int(seen.sum()))
         held = emulate(case, rows[~seen], cols, cfg).view(store) == d[~seen].view(store)

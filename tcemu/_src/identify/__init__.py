@@ -165,7 +165,7 @@ def _signature(s: KSchedule, K: int, k: int):
 
 def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction: str | None = None,
              candidates=None, library: str | None = None, max_seconds: float = 600.0, c=None, bias=None,
-             alpha=None, beta=None, scale_a=None, scale_b=None, epilogues=None, shape=None) -> GemmConfig:
+             alpha=None, beta=None, scale_a=None, scale_b=None, epilogues=None, shape=None, hlo=None) -> GemmConfig:
     """A :class:`GemmConfig` with which ``tcemu.matmul(a, b, config=cfg).astype(d.dtype)``
     equals ``d`` bit for bit.
 
@@ -183,7 +183,8 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
     family it runs at the shape (cuBLAS: CUTLASS 2 forms where K or N is not a multiple of 8,
     nvjet forms otherwise; XLA: its split-K forms). ``shape``: the whole GEMM's ``(M, N)`` or
     ``(batch, M, N)`` where ``a``, ``b`` and ``d`` are crops of it (cuBLAS's choice depends on
-    it). Raises :class:`NoMatch` (a ValueError) listing the closest candidates when none matches.
+    it); ``hlo`` (jnp.dot): the compiled module, its kernel tried first. Raises :class:`NoMatch`
+    (a ValueError) listing the closest candidates when none matches.
 
     A layer with an epilogue: give its operands (``c``, ``bias``, ``alpha``, ``beta``, ``scale_a``
     (a scalar or (M, 1)), ``scale_b`` (a scalar or (1, N)), as :func:`tcemu.matmul` takes them) and
@@ -202,8 +203,7 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
     """
     a, b, d = np.asarray(a), np.asarray(b), np.asarray(d)
     at, bt, ot = _check(a, b, d, arch, rows, cols)
-    max_seconds = _seconds(max_seconds)
-    candidates = _candidates(candidates)
+    max_seconds, candidates = _seconds(max_seconds), _candidates(candidates)
     K, whole = a.shape[-1], _shape(shape, a, b)
     prefer = _prefer(library, K, whole[2], at, bt)
     ins_list = _instructions(arch, at, bt, instruction)
@@ -215,8 +215,8 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
     if candidates is not None:
         todo = [(ins, sc) for sc in candidates for ins in ins_list]
     else:
-        bare = c is None and bias is None and alpha is None and beta is None  # the records are of bare GEMMs
-        hints = _hint_pairs(library if bare else None, arch, whole, K, (at, bt, ot), instruction, ks, fast, sample)
+        lib = library if c is None and bias is None and alpha is None and beta is None else None  # bare GEMMs
+        hints = _hint_pairs(lib, arch, whole, K, (at, bt, ot, hlo), instruction, ks, fast, sample)
         todo = hints + _staged(ins_list, ks, fast, K, (at, bt, ot), prefer)
     t0, tried, scores = time.time(), set(), []
     for ins, sc in todo:

@@ -54,22 +54,24 @@ def whole_shape(shape, a, b):
     return (batch[0] if batch else None), M, N
 
 
-def hints(library, arch, shape, K, at, bt, ot) -> list[GemmConfig]:
-    """What ``library_config`` answers for this case from cuBLAS's records or a rule (not a
-    nearest-shape guess), under each of the library's flag settings: the configurations
-    identify tries first. None where ``library_config`` has no answer (another GPU, type)."""
+def hints(library, arch, shape, K, at, bt, ot, hlo=None) -> list[GemmConfig]:
+    """What ``library_config`` answers for this case from cuBLAS's records, a rule or (jnp.dot,
+    ``hlo`` given) the compiled module (not a nearest-shape guess), under each of the library's
+    flag settings: the configurations identify tries first. None where ``library_config`` has no
+    answer (another GPU, type)."""
     from tcemu._src.library_layers import library_config
 
     if library is None:
         return []
     batch, M, N = shape
+    settings = (({"hlo": hlo},) if hlo is not None and library == "jnp.dot" else ()) + _HINT_FLAGS[library]
     out = []
-    for flags in _HINT_FLAGS[library]:
+    for flags in settings:
         try:
             cfg, source = library_config(library, arch=arch, M=M, N=N, K=K, a=at, b=bt, out=ot, batch=batch,
                                          with_source=True, **flags)
         except (ValueError, TypeError):
             continue
-        if source in ("recorded", "rule") and cfg not in out:
+        if source in ("recorded", "rule", "compiled") and cfg not in out:
             out.append(cfg)
     return out
