@@ -42,16 +42,16 @@ MODEL = {"CDNA1": "MI100MC", "CDNA2": "MI250MC", "CDNA3": "MI300XMC"}
 # f32_32x32x8_* carry the CDNA3 reproductions that need zeros.)
 REPROS = [
     ("negative_product_overflow", "CDNA3", "f32_32x32x8_bf16", "bf16", [(0, 2.0 ** 127, -2.0)], 0.0),
-    ("negative_product_overflow", "CDNA2", "f32_16x16x16bf16_1k", "bf16", [(0, 2.0 ** 127, -2.0)], 0.0),
+    ("negative_product_overflow", "CDNA2", "f32_16x16x8bf16", "bf16", [(0, 2.0 ** 127, -2.0)], 0.0),
     ("inf_not_carried_to_next_block", "CDNA3", "f32_16x16x16_bf16", "bf16",
      [(0, 1.5 * 2.0 ** 127, 1.0), (1, 1.5 * 2.0 ** 127, 1.0), (8, 1.0, 1.0)], 0.0),
     ("wide_accumulator_between_blocks", "CDNA1", "f32_16x16x8bf16", "bf16",
      [(0, 2.0 ** 127, 4.0), (2, 2.0 ** 127, -4.0), (3, 1.0, 1.0)], 0.0),
     ("bf16_pairs_not_quads", "CDNA2", "f32_16x16x8bf16", "bf16", [(0, 2.0 ** -12, 2.0 ** -12), (2, 2.0 ** -12, 2.0 ** -12)], 1.0),
     ("all_products_zero_octave_error", "CDNA3", "f32_32x32x8_f16", "f16", [(0, 1.0, 0.0), (1, 0.0, 1.0)], 1.0),
-    ("product_sum_31_or_32_bits_below_c", "CDNA3", "f32_32x32x8_f16", "f16",
+    ("product_sum_31_bits_below_c", "CDNA3", "f32_32x32x8_f16", "f16",
      [(0, 2.0 ** -4, 2.0 ** -4), (1, 2.0 ** -12, 2.0 ** -13), (2, 2.0 ** -16, 2.0 ** -16)], -1.0),
-    ("product_sum_31_or_32_bits_below_c", "CDNA3", "f32_16x16x32_bf8_bf8", "bf8",
+    ("product_sum_31_bits_below_c", "CDNA3", "f32_16x16x32_bf8_bf8", "bf8",
      [(0, 2.0 ** -4, 2.0 ** -4), (2, 2.0 ** -12, 2.0 ** -13), (4, 2.0 ** -16, 2.0 ** -16)], -1.0),
 ]
 VEC_DISTS = ("random", "cancel", "extreme", "special", "tiny", "subnormal")
