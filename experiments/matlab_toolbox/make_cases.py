@@ -254,7 +254,7 @@ def chain_suffix(z, gen, t, suffix_list):
     """The instruction of this generation and type with the largest K (ties: the first)."""
     best = None
     for s in suffix_list:
-        if elem_type(s) != t or ("_1k" in s) != ("_1k" in suffix_list[0]):
+        if elem_type(s) != t:
             continue
         k = z[f"{gen}|{s}|random|a"].shape[-1]
         if best is None or k > best[1]:
@@ -266,10 +266,11 @@ def repro_case(gen, suffix, t, terms, c, k):
     a, b = np.zeros(k), np.zeros(k)
     for i, x, y in terms:
         a[i], b[i] = x, y
+    av, bv = a, b
     to_codes = lambda v: torch.tensor(v, dtype=torch.float64).to(TORCH[t]).view(  # noqa: E731
         {1: torch.uint8, 2: torch.int16, 4: torch.int32}[NP[t]().itemsize]).numpy().view(NP[t])
     a, b = to_codes(a)[None], to_codes(b)[None]
-    assert np.array_equal(decode(a, t), decode(a, t)) and (decode(a, t)[0] * decode(b, t)[0]).size == k
+    assert all(np.array_equal(decode(x, t)[0], v) for x, v in ((a, av), (b, bv))), "a value not of the format"
     cc = np.asarray([c], np.float32).view(np.uint32)
     return a, b, cc, mmasim_dpa(gen, suffix, t, a, b, cc)
 
