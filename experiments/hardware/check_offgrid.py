@@ -1,0 +1,88 @@
+"""How often ``library_config``'s record lookup names cuBLAS's own choice at shapes it has no
+record of: each case of a record file made at new shapes (``cublas_record.py --only random``) is
+looked up in the shipped records (``library_records.lookup``) and its answer's form (the
+instruction's k and the K schedule: what the bits follow, ``library_records._form``) compared
+with the recorded one's. A recorded kernel's form reproduced every captured row it was checked
+on (``check_records.py``), so the form is the bits here.
+
+    python experiments/hardware/check_offgrid.py RANDOM.json.gz [--records SHIPPED.json.gz] [--exclude-own]
+
+``--exclude-own``: drop the file's own shapes from the shipped records first (a file that was
+merged into them: what the lookup gave before). Prints the counts by source ("rule", "nearest")
+and by kind of case (K and N multiples of 8 or not; split-K allowed or off). Cases whose kernel
+tcemu does not emulate (``gemmSN``, CUDA cores) are counted apart.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+from tcemu._src import library_records as R  # noqa: E402
+
+
+def _kind(r) -> str:
+    g = math.gcd(r["K"], r["N"])
+    aligned = "K, N multiples of 8" if min(8, g & -g) == 8 else "K or N not"
+    return f"{aligned}, {'split-K off' if r['flags'].get('allow_splitk') is False else 'default'}"
+
+
+def check(path: str, records: str, exclude_own: bool) -> Counter:
+    with gzip.open(path, "rt") as f:
+        test = [r for r in json.load(f)["cases"] if r.get("calls") and r.get("kernels")]
+    if exclude_own:
+        own = {(r["lib"], r["batch"], r["M"], r["N"], r["K"]) for r in test}
+        with gzip.open(records, "rt") as f:
+            data = json.load(f)
+        data["cases"] = [r for r in data["cases"] if (r["lib"], r["batch"], r["M"], r["N"], r["K"]) not in own]
+        records = str(Path(tempfile.mkdtemp()) / "records.json.gz")
+        with gzip.open(records, "wt") as f:
+            json.dump(data, f)
+    out = Counter()
+    for r in test:
+        if R.family(r["kernels"]) == "simt":
+            out[("not emulated (gemmSN)", "")] += 1
+            continue
+        row, source = R.lookup(records, r["lib"], r["batch"], r["M"], r["N"], r["K"], r["a"], r["b"], r["out"],
+                               r["flags"])
+        if row is None:
+            out[("no row of the class", "")] += 1
+            continue
+        if source == "recorded":
+            raise SystemExit(f"{path}: {r['lib']} {r['M']}x{r['N']}x{r['K']} is recorded in {records}: "
+                             "not a check of unrecorded shapes (--exclude-own?)")
+        ok = R._form(row) == R._form(r)
+        out[(source, ok)] += 1
+        out[(_kind(r), ok)] += 1
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("path")
+    p.add_argument("--records", help="default: the shipped records of the file's GPU")
+    p.add_argument("--exclude-own", action="store_true")
+    args = p.parse_args(argv)
+    with gzip.open(args.path, "rt") as f:
+        gpu = json.load(f)["header"]["gpu"]
+    records = args.records or str(R.SHIPPED["H200" if "H200" in gpu else "H100"])
+    res = check(args.path, records, args.exclude_own)
+    print(f"{args.path} ({gpu}) against {records}{' without its own shapes' if args.exclude_own else ''}\n")
+    print("| answer / case | right | of | % |\n|---|---|---|---|")
+    for what in sorted({k for k, _ in res}, key=str):
+        if what in ("not emulated (gemmSN)", "no row of the class"):
+            print(f"| {what} | | {res[(what, '')]} | |")
+            continue
+        right, n = res[(what, True)], res[(what, True)] + res[(what, False)]
+        print(f"| {what} | {right} | {n} | {100 * right / n:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
