@@ -132,7 +132,9 @@ def run(a_bits, b_bits, ins, model, plan, arch, key, scales, kscales=None):
     out_fmt = fm.F32 if plan.reduces else fm.FORMATS[ins.dtype]
     # Without the branches XLA fuses all blocks of an instruction into one loop; beyond a few
     # blocks per instruction (models with tiny blocks) that fusion takes minutes to compile.
-    defer = -(-ins.k // model.block_size) <= DEFER_MAX_BLOCKS
+    # The AMD adders (two-stage, pairwise, exact) have no such branch: one path, compiled once.
+    defer = (-(-ins.k // model.block_size) <= DEFER_MAX_BLOCKS and model.addend_alignment == "fused"
+             and model.block_sum not in ("pairwise", "exact"))
 
     def exact_or_fast(blk, Ar, SAr, KAr):
         """The block without per-instruction special-value branches (engine.deferred_specials);

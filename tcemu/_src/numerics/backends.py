@@ -61,8 +61,8 @@ def kernel_for(model, afmt, bfmt, k: int, acc: str, *, gemm: bool = False) -> Ke
     """The registered kernel of the default JAX backend if it computes this model exactly as the
     engine does (``Kernel.accepts``), else None: the pure-JAX engine runs it."""
     kernel = _KERNELS.get(jax.default_backend())
-    # the kernels restate the fused block only: AMD's two-stage adder and fnuz fp8 run in the engine
-    if model.addend_alignment != "fused" or model.block_sum == "pairwise" or afmt.fnuz or bfmt.fnuz:
+    # the kernels restate the fused block only: AMD's adders (two-stage, pairwise, exact) and fnuz fp8 run in the engine
+    if model.addend_alignment != "fused" or model.block_sum in ("pairwise", "exact") or afmt.fnuz or bfmt.fnuz:
         return None
     if kernel is None or not kernel.accepts(model, afmt, bfmt, k, acc, gemm):
         return None

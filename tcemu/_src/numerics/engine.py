@@ -32,6 +32,7 @@ import numpy as np
 
 from tcemu._src import formats as fm
 from tcemu._src.numerics.cvt import convert, encode
+from tcemu._src.numerics.exact_sum import exact_dot
 from tcemu._src.numerics.fused_block import (BIG, Terms, add, deferred_specials, float_align, fused_block,
                                              int_align, prepare_operand, rounded_add, unroll_terms)
 from tcemu._src.numerics.model import BlockFMA
@@ -180,10 +181,12 @@ def fused_dot_prepared(p: Prepared, afmt: fm.FloatFormat, bfmt: fm.FloatFormat, 
         if acc != "f32" or cfmt is not fm.F32 or min_scale_exp:
             raise ValueError("a BlockFMA with addend_alignment='floor' takes binary32 C and D and no block scales")
         return floor_dot(p.a_bits, afmt, p.b_bits, bfmt, c_bits, model)
-    if model.block_sum == "pairwise":  # CDNA2's tree of binary32 additions
+    if model.block_sum in ("pairwise", "exact"):  # CDNA2's tree of binary32 additions, CDNA1's exact sums
         if acc != "f32" or cfmt is not fm.F32 or min_scale_exp:
-            raise ValueError("a BlockFMA with block_sum='pairwise' takes binary32 C and D and no block scales")
-        return pairwise_dot(p.a_bits, afmt, p.b_bits, bfmt, c_bits, model)
+            raise ValueError(f"a BlockFMA with block_sum={model.block_sum!r} takes binary32 C and D and no block "
+                             "scales")
+        dot = pairwise_dot if model.block_sum == "pairwise" else exact_dot
+        return dot(p.a_bits, afmt, p.b_bits, bfmt, c_bits, model)
     flush = not model.subnormal_inputs
     K = p.a_bits.shape[-1]
     out = accumulator_format(model, acc)

@@ -26,6 +26,8 @@ MAX_GROUPED_FRACTION_BITS = 35  # with scale_group: the wide (two-word) sum of g
 # bound of |zero_exponent| and |min_exponent|: past every term (products of float32-range values
 # lie within 2**-298 .. 2**256)
 MAX_EXPONENT = 512
+BLOCK_SUMS = ("fused", "separate", "pairwise", "exact")
+MAX_EXACT_BLOCK = 16  # block_sum="exact": products per block (its limbs must keep 26 bits)
 
 
 @jax.tree_util.register_static  # a static argument of jit / vmap, hashed into the cache key
@@ -73,7 +75,10 @@ class BlockFMA:
         binary32, a block of 2 or 4 summed as a tree of RNE binary32 additions and added to the
         accumulator by one more; ``subnormal_inputs=False`` flushes inputs and C to +0,
         ``subnormal_outputs=False`` products and sums to a zero of their sign;
-        :mod:`~tcemu._src.numerics.pairwise`).
+        :mod:`~tcemu._src.numerics.pairwise`) or "exact" (AMD CDNA1 f16/bf16, [MS25]
+        ``MMA_E_FDPA``: a block of up to 16 products and the binary32 accumulator summed exactly
+        and rounded once, RNE, subnormals kept, an exact zero +0;
+        :mod:`~tcemu._src.numerics.exact_sum`).
       exact_zero: sign of a zero result: "+0" (NVIDIA tensor cores return +0 even when every
         addend is -0, [H200] ``tests/data/signed_zeros_sm90.npz``, and when a negative sum rounds
         to zero, [H100] ``tests/data/underflow_sm90.npz``; [MS25] adds +0.0 to every result) or
@@ -149,7 +154,7 @@ class BlockFMA:
             choice_field(self, name, ROUNDING_MODES)
         for name, choices in (("overflow", ("inf", "ieee")), ("tf32_conversion", ("truncate", "rna")),
                               ("addend", ("first", "last")), ("f16_accumulation", ("native", "f32")),
-                              ("block_sum", ("fused", "separate", "pairwise")), ("exact_zero", ("+0", "ieee")),
+                              ("block_sum", BLOCK_SUMS), ("exact_zero", ("+0", "ieee")),
                               ("addend_alignment", ("fused", "floor")), ("product_overflow", ("none", "inf"))):
             choice_field(self, name, choices)
         for name in ("sticky", "normalize_products", "subnormal_inputs", "subnormal_outputs", "split_even_odd"):
@@ -191,10 +196,19 @@ _PAIRWISE = (("rounding", "rne"), ("sticky", False), ("normalize_products", Fals
              ("block_order", None), ("addend", "first"), ("exact_zero", "ieee"), ("scale_group", None),
              ("addend_alignment", "fused"))
 
+_EXACT = (("rounding", "rne"), ("sticky", False), ("normalize_products", False), ("accumulator_fraction_bits", 23),
+          ("subnormal_inputs", True), ("subnormal_outputs", True), ("block_order", None), ("addend", "first"),
+          ("exact_zero", "+0"), ("scale_group", None), ("addend_alignment", "fused"))
+
 
 def _check_floor(m: BlockFMA) -> None:
-    """The two-stage adder ("floor") and the pairwise sum run with the defaults of the fields
-    they do not read."""
+    """The two-stage adder ("floor"), the pairwise and the exact sums run with the defaults of the
+    fields they do not read."""
+    if m.block_sum == "exact":
+        bad = [f"{n}={d!r}" for n, d in _EXACT if getattr(m, n) != d]
+        if bad or m.block_size > MAX_EXACT_BLOCK:
+            raise ValueError(f"BlockFMA with block_sum='exact' needs block_size 1..{MAX_EXACT_BLOCK} and "
+                             f"{', '.join(bad) or 'the fields it has'}; got block_size={m.block_size}")
     if m.block_sum == "pairwise":
         bad = [f"{n}={d!r}" for n, d in _PAIRWISE if getattr(m, n) != d]
         if bad or m.block_size not in (2, 4):
