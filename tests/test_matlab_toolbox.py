@@ -10,7 +10,7 @@ overflow handling, its quads for CDNA2 bf16 without ``_1k``, its 31-bit product 
 C, or an Octave error) and tcemu must give MMA-Sim's bits; each cause also has a minimal reproduction
 here. NaN equals NaN (the peers' NaN payloads differ). CI runs the instruction of each CDNA3 type
 that the own, multi-block cases use and CDNA2's bf16 without ``_1k``; ``TCEMU_ALL_VECTORS=1`` runs
-every instruction (CDNA1's are skipped: tcemu has no f16/bf16 numerics for it).
+every instruction.
 """
 from __future__ import annotations
 
