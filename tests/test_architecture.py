@@ -24,7 +24,7 @@ LAYERS = [
     ("tools", ["tcemu._src.identify", "tcemu._src.library", "tcemu._src.library_layers", "tcemu._src.library_records",
                "tcemu._src.library_xla",
                "tcemu._src.record", "tcemu._src.captures", "tcemu._src.studies",
-               "tcemu._src.probe", "tcemu._src.probe_box", "tcemu._src.draw", "tcemu._src.emulate"]),
+               "tcemu._src.probe", "tcemu._src.probe_amd", "tcemu._src.probe_box", "tcemu._src.draw", "tcemu._src.emulate"]),
     ("face", ["tcemu"]),
     ("cli", ["tcemu.__main__"]),
 ]

@@ -1,5 +1,6 @@
-"""tcemu.probe: the feature tests recover every preset's parameters, flag a wrong custom model,
-recover random custom models, and find on the emulator what they found on the H200's tensor cores
+"""tcemu.probe: the feature tests recover every preset's parameters (the AMD adders' fields
+included), flag a wrong custom model, recover random custom models, tell apart custom models that
+differ in one AMD field, and find on the emulator what they found on the H200's tensor cores
 (tests/data/probe_sm90.json, from experiments/hardware/probe_hw.py)."""
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ import tcemu
 from tcemu.__main__ import main
 from tcemu._src.arch import resolve
 from tcemu._src.isa.parse import parse
+from tcemu._src.numerics import presets
 from tcemu._src.numerics.mma import resolve_model
-from tcemu._src.probe import expected
+from tcemu._src.probe import expected, probe_instruction
 
 DATA = Path(__file__).parent / "data"
 
@@ -64,11 +66,67 @@ def test_hardware_probe_covers_mma_sync_and_wgmma():
 
 @pytest.mark.parametrize("spelling", sorted(H200))
 def test_probe_matches_h200_tensor_cores(spelling):
-    """The same probe, run on the H200 through experiments/hardware/probe_hw.py, found these."""
+    """The same probe, run on the H200 through experiments/hardware/probe_hw.py, found these (the
+    AMD adders' fields, added since, are the preset's)."""
     r = dataclasses.asdict(tcemu.probe("sm_90", instruction=spelling))
     want = dict(H200[spelling]["hardware"])
     want["block_order"] = None if want["block_order"] is None else tuple(want["block_order"])
-    assert r == want
+    assert {k: r[k] for k in want} == want
+    preset = expected(resolve_model(parse(spelling), None, resolve("sm_90")), spelling)
+    assert {k: r[k] for k in AMD_FIELDS} == {k: preset[k] for k in AMD_FIELDS}
+
+
+AMD_FIELDS = ("block_sum", "addend_alignment", "sum_fraction_bits", "split_even_odd", "product_overflow")
+# every AMD (GPU, MFMA) whose numerics a preset defines: CDNA3 f16, bf16, xf32 and the four fp8/bf8
+# pairs; CDNA2 f16, bf16 (pairs) and bf16_1k (pairs of pairs)
+AMD_CASES = [("MI300X", f"v_mfma_f32_{s}") for s in (
+    "32x32x8_f16", "32x32x8_bf16", "32x32x4_xf32", "32x32x16_fp8_fp8", "32x32x16_fp8_bf8", "32x32x16_bf8_fp8",
+    "32x32x16_bf8_bf8")] + [("MI250X", f"v_mfma_f32_{s}") for s in ("32x32x8f16", "32x32x4bf16", "32x32x8bf16_1k")]
+
+
+@pytest.mark.parametrize("arch,spelling", AMD_CASES)
+def test_probe_recovers_amd_preset(arch, spelling):
+    """Every field the probe measures equals the preset's: CDNA3's floor alignment of C, its F2 =
+    31, the fp8 even/odd split and the infinite product of 2**128 (bf16, xf32: f16 and fp8 inputs
+    cannot form one: None); CDNA2's pairwise sum, its block of 4 (bf16 without _1k: 2) and flush
+    to zero (the fields of a fused block, F and C's alignment, are None there)."""
+    a = resolve(arch)
+    m = resolve_model(probe_instruction(spelling, a), None, a)
+    r = tcemu.probe(arch, instruction=spelling)
+    _check(r, expected(m, spelling, a))
+    if m.block_sum == "pairwise":
+        assert (r.block_sum, r.block_size, r.subnormal_inputs, r.fraction_bits) == ("pairwise", m.block_size, False, None)
+    else:
+        want = dict(addend_alignment="floor", sum_fraction_bits=31, split_even_odd=m.split_even_odd,
+                    fraction_bits=24, block_size=m.block_size, rounding="rne")
+        assert {k: getattr(r, k) for k in want} == want
+
+
+_CDNA3_FP8 = presets.numerics("MI300X").fp8_mma
+# custom models that differ from a preset in one AMD field (product_overflow goes with "fused",
+# which does not take it; the last two differ in F and the rounding as well, to see the even/odd
+# split with F = 26 and F2 under RZ): (GPU, input format, model, field that differs); the truth is
+# the configured model, not the probe's inference
+ONE_FIELD = [
+    ("MI300X", "f16", presets.CDNA3_TR.replace(addend_alignment="fused", product_overflow="none"), "addend_alignment"),
+    ("MI300X", "f16", presets.CDNA3_TR.replace(sum_fraction_bits=28), "sum_fraction_bits"),
+    ("MI300X", "f16", presets.CDNA3_TR.replace(sum_fraction_bits=30), "sum_fraction_bits"),
+    ("MI300X", "e4m3fnuz", _CDNA3_FP8.replace(split_even_odd=False), "split_even_odd"),
+    ("MI300X", "bf16", presets.CDNA3_TR.replace(product_overflow="none"), "product_overflow"),
+    ("MI250X", "f16", presets.CDNA2_FTZ.replace(block_sum="fused"), "block_sum"),
+    ("MI300X", "e5m2fnuz", _CDNA3_FP8.replace(fraction_bits=26), "fraction_bits"),
+    ("MI300X", "bf16", presets.CDNA3_TR.replace(sum_fraction_bits=25, rounding="rz"), "sum_fraction_bits"),
+]
+
+
+@pytest.mark.parametrize("arch,fmt,model,field", ONE_FIELD)
+def test_probe_tells_apart_one_amd_field(arch, fmt, model, field):
+    """The probe, told nothing of the model, finds the field that differs (and the preset's value
+    on the preset: test_probe_recovers_amd_preset), and every other feature it measures."""
+    r = tcemu.probe(arch, fmt, model=model)
+    preset = resolve_model(probe_instruction(r.instruction, resolve(arch)), None, resolve(arch))
+    assert getattr(r, field) == getattr(model, field) != getattr(preset, field)
+    _check(r, expected(model, r.instruction, resolve(arch)))
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow],

@@ -348,7 +348,12 @@ def test_probe_result_validates_and_normalises():
            (dict(rounding="nearest"), ValueError, "rounding must be one of 'rz'"),
            (dict(addend="middle"), ValueError, "addend"), (dict(normalized_products="no"), TypeError, "normalized"),
            (dict(subnormal_inputs=None), TypeError, "subnormal_inputs"),
-           (dict(subnormal_outputs=1), TypeError, "subnormal_outputs")]
+           (dict(subnormal_outputs=1), TypeError, "subnormal_outputs"),
+           (dict(block_sum="separate"), ValueError, "block_sum must be one of 'fused', 'pairwise'"),
+           (dict(addend_alignment="truncate"), ValueError, "addend_alignment"),
+           (dict(sum_fraction_bits=0), ValueError, "sum_fraction_bits"),
+           (dict(split_even_odd="yes"), TypeError, "split_even_odd must be a bool or None"),
+           (dict(product_overflow="nan"), ValueError, "product_overflow")]
     for changes, err, match in bad:
         with pytest.raises(err, match=match):
             tcemu.ProbeResult(**{**base, **changes})
@@ -360,7 +365,8 @@ def test_studies_same_results_with_x64(x64):
 
     assert jax.config.jax_enable_x64
     assert tcemu.probe("A100", "tf32") == tcemu.ProbeResult(
-        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", 24, 23, 4, None, "rz", False, "first", True, True)
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", 24, 23, 4, None, "rz", False, "first", True, True,
+        block_sum="fused", addend_alignment="fused", split_even_odd=False, product_overflow="none")
     with_x64 = tcemu.error_vs_k("e4m3", "H100", ks=(32, 256), outputs=4, promotion_interval=128)
     with jax.enable_x64(False):
         assert tcemu.error_vs_k("e4m3", "H100", ks=(32, 256), outputs=4, promotion_interval=128) == with_x64

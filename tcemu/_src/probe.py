@@ -26,6 +26,9 @@ What is measured (X is a power of two, 2**16, or 2.25 = 1.5 * 1.5 when a carry b
   are aligned on their unnormalised exponent.
 * ``addend``: C = -X with products X and s: s survives only when C joins the first block.
 * ``subnormal_inputs`` / ``subnormal_outputs``.
+* ``block_sum``, ``addend_alignment``, ``sum_fraction_bits``, ``split_even_odd``,
+  ``product_overflow``: the AMD adders (CDNA2's pairwise sum, CDNA3's two-stage adder and its
+  fp8 even/odd split), :mod:`~tcemu._src.probe_amd`.
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ import numpy as np
 
 from tcemu._src.arch import resolve
 from tcemu._src.isa.parse import parse
+from tcemu._src.probe_amd import amd_expected, amd_features
 from tcemu._src.probe_box import Box, probe_instruction
 from tcemu._src.studies import DTYPES, check_choice, check_int, default_instruction
 
@@ -51,7 +55,11 @@ class ProbeResult:
     ``accumulator_bits``, ``block_size`` (products fused with k = 0; ``None``: undetermined) and
     ``block_order`` (those positions when they are not 0..L-1), ``rounding`` of block results,
     ``normalized_products``, where C enters (``addend``: "first" block or "last"; ``None``: not
-    measurable), and whether subnormal inputs and outputs are kept.
+    measurable), whether subnormal inputs and outputs are kept, and the adder's ``block_sum``
+    ("fused" or "pairwise"), ``addend_alignment`` ("fused": C truncated toward zero with the
+    products; "floor"), ``sum_fraction_bits`` (F2 of "floor"), ``split_even_odd`` and
+    ``product_overflow`` ("none" or "inf"), as :class:`tcemu.BlockFMA` names them (``None``: not
+    measured or not measurable; see :mod:`~tcemu._src.probe_amd`).
 
     >>> import tcemu
     >>> r = tcemu.probe("V100")
@@ -71,11 +79,16 @@ class ProbeResult:
     addend: str | None  # "first" or "last"
     subnormal_inputs: bool
     subnormal_outputs: bool
+    block_sum: str | None = None  # "fused" or "pairwise"
+    addend_alignment: str | None = None  # "fused" or "floor"
+    sum_fraction_bits: int | None = None
+    split_even_odd: bool | None = None
+    product_overflow: str | None = None  # "none" or "inf"
 
     def __post_init__(self):
         if not isinstance(self.instruction, str):
             raise TypeError(f"ProbeResult.instruction must be a PTX spelling (str), got {self.instruction!r}")
-        for name, lo in (("fraction_bits", 0), ("accumulator_bits", 0), ("block_size", 1)):
+        for name, lo in (("fraction_bits", 0), ("accumulator_bits", 0), ("block_size", 1), ("sum_fraction_bits", 1)):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, check_int(f"ProbeResult.{name}", getattr(self, name), lo))
         order = self.block_order
@@ -85,12 +98,14 @@ class ProbeResult:
             order = tuple(check_int(f"ProbeResult.block_order[{i}]", k, 0) for i, k in enumerate(order))
             object.__setattr__(self, "block_order", order)
         check_choice("ProbeResult.rounding", self.rounding, ROUNDINGS)
-        if self.addend is not None:
-            check_choice("ProbeResult.addend", self.addend, ("first", "last"))
-        for name in ("normalized_products", "subnormal_inputs", "subnormal_outputs"):
-            v = getattr(self, name)
-            if not (isinstance(v, (bool, np.bool_)) or (v is None and name == "normalized_products")):
-                raise TypeError(f"ProbeResult.{name} must be a bool{' or None' if name == 'normalized_products' else ''}"
+        for name, choices in (("addend", ("first", "last")), ("block_sum", ("fused", "pairwise")),
+                              ("addend_alignment", ("fused", "floor")), ("product_overflow", ("none", "inf"))):
+            if getattr(self, name) is not None:
+                check_choice(f"ProbeResult.{name}", getattr(self, name), choices)
+        for name in ("normalized_products", "subnormal_inputs", "subnormal_outputs", "split_even_odd"):
+            v, opt = getattr(self, name), name in ("normalized_products", "split_even_odd")
+            if not (isinstance(v, (bool, np.bool_)) or (v is None and opt)):
+                raise TypeError(f"ProbeResult.{name} must be a bool{' or None' if opt else ''}"
                                 f", got {v!r} ({type(v).__name__})")
             if v is not None:
                 object.__setattr__(self, name, bool(v))
@@ -109,7 +124,12 @@ class ProbeResult:
                 ("addend", "C enters", "not measurable" if self.addend is None else "with the first block"
                  if self.addend == "first" else "after the products"),
                 ("subnormal_inputs", "subnormal inputs kept", self.subnormal_inputs),
-                ("subnormal_outputs", "subnormal outputs kept", self.subnormal_outputs)]
+                ("subnormal_outputs", "subnormal outputs kept", self.subnormal_outputs),
+                ("block_sum", "block summed (fused or pairwise)", self.block_sum),
+                ("addend_alignment", "C aligned (fused: truncated, or floor)", self.addend_alignment),
+                ("sum_fraction_bits", "fraction bits of floor's sum (F2)", self.sum_fraction_bits),
+                ("split_even_odd", "even and odd k summed apart", self.split_even_odd),
+                ("product_overflow", "product of 2**128 (none: exact, or inf)", self.product_overflow)]
 
 
 def probe(arch="H100", fmt: str | None = None, *, instruction=None, model=None, mma=None) -> ProbeResult:
@@ -158,7 +178,13 @@ def probe(arch="H100", fmt: str | None = None, *, instruction=None, model=None, 
     addend = _addend(box, e1, Fe, acc_bits)
     L, order = _block(box, S, c15, F, Fe - (1 if normalized else 0), acc_bits)
     rounding = _rounding(box, S, c15, Fe - (1 if normalized else 0), acc_bits)
-    return ProbeResult(sp, F, acc_bits, L, order, rounding, normalized, addend, subnormal_inputs, subnormal_outputs)
+    j = min(_MAX_EXP, e1 - 2 * box.min_sub - 2)  # the widest gap 2**-j below X = 2**e1 the inputs form
+    amd = amd_features(box, e1, j, F, addend, rounding, list(order) if order else list(range(L or 2)))
+    pairwise_block = amd.pop("pairwise_block")
+    if amd["block_sum"] == "pairwise":  # the block test above sees no fused block
+        L, order = pairwise_block, None
+    return ProbeResult(sp, F, acc_bits, L, order, rounding, normalized, addend, subnormal_inputs, subnormal_outputs,
+                       **amd)
 
 
 def _probe_box(arch, fmt, instruction, model, mma) -> tuple[Box, str]:
@@ -336,13 +362,19 @@ def expected(model, instruction: str, arch=None) -> dict:
                 "block_size": L if ins.k // blk > 2 and L >= 3 * blk and F >= 27 else None, "block_order": None,
                 "rounding": model.rounding if F >= model.accumulator_fraction_bits + 3 else "undetermined",
                 "normalized_products": None, "addend": None,
-                "subnormal_inputs": model.subnormal_inputs, "subnormal_outputs": model.subnormal_outputs}
+                "subnormal_inputs": model.subnormal_inputs, "subnormal_outputs": model.subnormal_outputs,
+                **dict.fromkeys(("block_sum", "addend_alignment", "sum_fraction_bits", "split_even_odd",
+                                 "product_overflow"))}
     L = min(model.block_size, ins.k) if model.block_order is None else model.block_size
     order = None
     if model.block_order is not None:
         blk = [k for k in model.block_order if k < ins.k][:model.block_size]
         order = tuple(sorted(blk)) if sorted(blk) != list(range(len(blk))) else None
-    return {"fraction_bits": model.fraction_bits, "accumulator_bits": model.accumulator_fraction_bits,
+    want = {"fraction_bits": model.fraction_bits, "accumulator_bits": model.accumulator_fraction_bits,
             "block_size": L, "block_order": order, "rounding": model.rounding,
             "normalized_products": model.normalize_products, "addend": model.addend,
-            "subnormal_inputs": model.subnormal_inputs, "subnormal_outputs": model.subnormal_outputs}
+            "subnormal_inputs": model.subnormal_inputs, "subnormal_outputs": model.subnormal_outputs,
+            **amd_expected(model, ins)}
+    if model.block_sum == "pairwise":  # no truncation; the block sum is rounded before C joins it
+        want.update(fraction_bits=None, addend="last")
+    return want

@@ -13,6 +13,7 @@ from tcemu._src.studies import DTYPES
 
 _MIN_SUB = {"f16": -24, "bf16": -133, "tf32": -136, "e4m3": -9, "e5m2": -16, "e4m3fnuz": -10, "e5m2fnuz": -17}
 _UNIT_SCALE = {"ue8m0": 127, "ue4m3": 0x38}  # 1.0
+BATCH = 64  # cases per call
 
 
 def probe_instruction(spelling: str, arch=None) -> Mma:
@@ -76,7 +77,19 @@ class Box:
     def run(self, cases, scales=None):
         """cases: list of (dict position -> (a, b), c). Returns float64 results. Block-scaled
         instructions take ``scales``: per case, a dict scale block -> (exponent of A's scale, of
-        B's scale) for the row and column used (other blocks: 1.0)."""
+        B's scale) for the row and column used (other blocks: 1.0). The cases run in batches of
+        :data:`BATCH` (the last padded with zero cases), so that every call has the same shape and
+        the emulator compiles one function per instruction and model."""
+        scales = scales or [{}] * len(cases)
+        out = []
+        for i in range(0, len(cases), BATCH):
+            part = cases[i:i + BATCH]
+            pad = BATCH - len(part)
+            out.append(self._run(part + [({0: (0.0, 0.0)}, 0.0)] * pad, scales[i:i + BATCH] + [{}] * pad)[:len(part)])
+        return np.concatenate(out)
+
+    def _run(self, cases, scales):
+        """One batch of :meth:`run`."""
         K = self.ins.k
         n = max(max(p for p in pos) for pos, _ in cases) + 1
         steps = -(-n // K)
@@ -94,7 +107,7 @@ class Box:
         if S:
             SA = np.full((B, steps, self.ins.m, S), _UNIT_SCALE[self.ins.stype], np.uint8)
             SB = np.full((B, steps, S, self.ins.n), _UNIT_SCALE[self.ins.stype], np.uint8)
-            for i, sc in enumerate(scales or [{}] * B):
+            for i, sc in enumerate(scales):
                 for blk, (ea, eb) in sc.items():
                     SA[i, blk // S, 0, blk % S] = self.scale_code(ea)
                     SB[i, blk // S, blk % S, 0] = self.scale_code(eb)
