@@ -81,7 +81,8 @@ AMD_FIELDS = ("block_sum", "addend_alignment", "sum_fraction_bits", "split_even_
 # pairs; CDNA2 f16, bf16 (pairs) and bf16_1k (pairs of pairs)
 AMD_CASES = [("MI300X", f"v_mfma_f32_{s}") for s in (
     "32x32x8_f16", "32x32x8_bf16", "32x32x4_xf32", "32x32x16_fp8_fp8", "32x32x16_fp8_bf8", "32x32x16_bf8_fp8",
-    "32x32x16_bf8_bf8")] + [("MI250X", f"v_mfma_f32_{s}") for s in ("32x32x8f16", "32x32x4bf16", "32x32x8bf16_1k")]
+    "32x32x16_bf8_bf8")] + [("MI250X", f"v_mfma_f32_{s}") for s in ("32x32x8f16", "32x32x4bf16", "32x32x8bf16_1k")] + [
+    ("MI100", f"v_mfma_f32_{s}") for s in ("32x32x8f16", "32x32x4bf16")]
 
 
 @pytest.mark.parametrize("arch,spelling", AMD_CASES)
@@ -96,6 +97,8 @@ def test_probe_recovers_amd_preset(arch, spelling):
     _check(r, expected(m, spelling, a))
     if m.block_sum == "pairwise":
         assert (r.block_sum, r.block_size, r.subnormal_inputs, r.fraction_bits) == ("pairwise", m.block_size, False, None)
+    elif m.block_sum == "exact":  # CDNA1: 4 (bf16: 2) products and C summed exactly, subnormals kept
+        assert (r.block_sum, r.block_size, r.subnormal_inputs, r.fraction_bits) == ("exact", m.block_size, True, None)
     else:
         want = dict(addend_alignment="floor", sum_fraction_bits=31, split_even_odd=m.split_even_odd,
                     fraction_bits=24, block_size=m.block_size, rounding="rne")
@@ -114,6 +117,9 @@ ONE_FIELD = [
     ("MI300X", "e4m3fnuz", _CDNA3_FP8.replace(split_even_odd=False), "split_even_odd"),
     ("MI300X", "bf16", presets.CDNA3_TR.replace(product_overflow="none"), "product_overflow"),
     ("MI250X", "f16", presets.CDNA2_FTZ.replace(block_sum="fused"), "block_sum"),
+    ("MI250X", "f16", presets.CDNA2_FTZ.replace(block_sum="exact", subnormal_inputs=True, subnormal_outputs=True,
+                                                exact_zero="+0"), "block_sum"),
+    ("MI100", "f16", presets.numerics("MI100").f16.replace(block_sum="pairwise", exact_zero="ieee"), "block_sum"),
     ("MI300X", "e5m2fnuz", _CDNA3_FP8.replace(fraction_bits=26), "fraction_bits"),
     ("MI300X", "bf16", presets.CDNA3_TR.replace(sum_fraction_bits=25, rounding="rz"), "sum_fraction_bits"),
 ]

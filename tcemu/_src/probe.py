@@ -56,7 +56,7 @@ class ProbeResult:
     ``block_order`` (those positions when they are not 0..L-1), ``rounding`` of block results,
     ``normalized_products``, where C enters (``addend``: "first" block or "last"; ``None``: not
     measurable), whether subnormal inputs and outputs are kept, and the adder's ``block_sum``
-    ("fused" or "pairwise"), ``addend_alignment`` ("fused": C truncated toward zero with the
+    ("fused", "pairwise" or "exact"), ``addend_alignment`` ("fused": C truncated toward zero with the
     products; "floor"), ``sum_fraction_bits`` (F2 of "floor"), ``split_even_odd`` and
     ``product_overflow`` ("none" or "inf"), as :class:`tcemu.BlockFMA` names them (``None``: not
     measured or not measurable; see :mod:`~tcemu._src.probe_amd`).
@@ -79,7 +79,7 @@ class ProbeResult:
     addend: str | None  # "first" or "last"
     subnormal_inputs: bool
     subnormal_outputs: bool
-    block_sum: str | None = None  # "fused" or "pairwise"
+    block_sum: str | None = None  # "fused", "pairwise" or "exact"
     addend_alignment: str | None = None  # "fused" or "floor"
     sum_fraction_bits: int | None = None
     split_even_odd: bool | None = None
@@ -98,7 +98,7 @@ class ProbeResult:
             order = tuple(check_int(f"ProbeResult.block_order[{i}]", k, 0) for i, k in enumerate(order))
             object.__setattr__(self, "block_order", order)
         check_choice("ProbeResult.rounding", self.rounding, ROUNDINGS)
-        for name, choices in (("addend", ("first", "last")), ("block_sum", ("fused", "pairwise")),
+        for name, choices in (("addend", ("first", "last")), ("block_sum", ("fused", "pairwise", "exact")),
                               ("addend_alignment", ("fused", "floor")), ("product_overflow", ("none", "inf"))):
             if getattr(self, name) is not None:
                 check_choice(f"ProbeResult.{name}", getattr(self, name), choices)
@@ -181,7 +181,7 @@ def probe(arch="H100", fmt: str | None = None, *, instruction=None, model=None, 
     j = min(_MAX_EXP, e1 - 2 * box.min_sub - 2)  # the widest gap 2**-j below X = 2**e1 the inputs form
     amd = amd_features(box, e1, j, F, addend, rounding, list(order) if order else list(range(L or 2)))
     pairwise_block = amd.pop("pairwise_block")
-    if amd["block_sum"] == "pairwise":  # the block test above sees no fused block
+    if amd["block_sum"] in ("pairwise", "exact"):  # the block test above sees no fused block
         L, order = pairwise_block, None
     return ProbeResult(sp, F, acc_bits, L, order, rounding, normalized, addend, subnormal_inputs, subnormal_outputs,
                        **amd)
@@ -377,4 +377,6 @@ def expected(model, instruction: str, arch=None) -> dict:
             **amd_expected(model, ins)}
     if model.block_sum == "pairwise":  # no truncation; the block sum is rounded before C joins it
         want.update(fraction_bits=None, addend="last")
+    if model.block_sum == "exact":  # no truncation; C joins the block's exact sum
+        want.update(fraction_bits=None, addend="first")
     return want

@@ -2,7 +2,8 @@
 :class:`tcemu.BlockFMA`, found from outputs alone):
 
 * ``block_sum``: "pairwise" (CDNA2: products rounded to binary32, a block summed as a tree of
-  binary32 additions, then added to the accumulator) or "fused"; ``block_size`` of a pairwise sum.
+  binary32 additions, then added to the accumulator), "exact" (CDNA1: a block and C summed
+  exactly, rounded once) or "fused"; ``block_size`` of a pairwise or exact sum.
 * ``addend_alignment``: C truncated toward zero with the products ("fused") or rounded toward
   -inf at the block's alignment exponent ("floor", CDNA3's two-stage adder).
 * ``sum_fraction_bits`` (F2 of "floor"): the stage-two sum is floored to F2 fraction bits before
@@ -56,6 +57,10 @@ def amd_features(box: Box, e1: int, j: int, F: int | None, addend: str | None, r
     out = {"block_sum": "pairwise" if pairwise else "fused", "addend_alignment": None, "sum_fraction_bits": None,
            "split_even_odd": None, "product_overflow": _product_overflow(box), "pairwise_block": None}
     if pairwise:
+        # exact or pairwise: X at k = 0, s at k = 1 (one block), C = -X. Exact: X + s - X = s.
+        # Pairwise: X + s rounds to X in binary32 before C joins: 0.
+        if box.run([({0: X, 1: sp}, -(2.0 ** e1))])[0] == s:
+            out["block_sum"] = "exact"
         out["pairwise_block"] = _pairwise_block(box, e1, j)
         return out
     if F is None or len(first) < 2:
@@ -150,6 +155,9 @@ def amd_expected(model, ins) -> dict:
     """What :func:`amd_features` finds for ``model`` on ``ins``, in ProbeResult's fields
     (:func:`tcemu._src.probe.expected` adds them)."""
     wide = all(t in ("bf16", "tf32") for t in (ins.atype, ins.btype))  # inputs reach 2**64
+    if model.block_sum == "exact":  # 2**128 - 2**128 is 0
+        return {"block_sum": "exact", "addend_alignment": None, "sum_fraction_bits": None,
+                "split_even_odd": None, "product_overflow": "none" if wide else None}
     if model.block_sum == "pairwise":  # products rounded to binary32: 2**128 is infinite
         return {"block_sum": "pairwise", "addend_alignment": None, "sum_fraction_bits": None,
                 "split_even_odd": None, "product_overflow": "inf" if wide else None}
