@@ -7,7 +7,7 @@ For each instruction, ``tiles`` independent MMAs (random normal operands) are co
 ``jnp.matmul(a.astype(f32), b.astype(f32), precision="highest") + c`` (block-scaled kinds: random
 ue8m0 scales near 1, which the native side leaves out). Reported: time per call,
 emulated MMAs/s, the same in m16n8k16-equivalents (M*N*K / 2048), and the slowdown vs native.
-AMD MFMAs run on MI300X (CDNA3) and MI250X (CDNA2).
+AMD MFMAs run on MI300X (CDNA3), MI250X (CDNA2) and MI100 (CDNA1).
 """
 from __future__ import annotations
 
@@ -42,6 +42,9 @@ INSTRUCTIONS = [
     ("v_mfma_f32_16x16x32_fp8_bf8", ml_dtypes.float8_e4m3fnuz, jnp.float32, "MI300X"),
     ("v_mfma_f32_32x32x8f16", jnp.float16, jnp.float32, "MI250X"),
     ("v_mfma_f32_16x16x4f32", jnp.float32, jnp.float32, "MI250X"),
+    ("v_mfma_f32_32x32x8f16", jnp.float16, jnp.float32, "MI100"),  # CDNA1's exact sums (integer limbs)
+    ("v_mfma_f32_32x32x4bf16", jnp.bfloat16, jnp.float32, "MI100"),
+    ("v_mfma_i32_16x16x32_i8", jnp.int8, jnp.int32, "MI300X"),
 ]
 
 
@@ -87,7 +90,7 @@ def main():
         eq = M * N * K / 2048
         rows.append([sp.replace(".sync.aligned", ""), T, f"{e_best * 1e3:.2f}", f"{T / e_best:,.0f}",
                      f"{T * eq / e_best:,.0f}", f"{T * eq / e_med:,.0f}", f"{n_best * 1e3:.3f}", f"{e_best / n_best:.1f}"])
-    print(f"device: {device_name()}  arch preset: {args.arch} (kind:: forms: RTX5090; v_mfma: MI300X, MI250X)  "
+    print(f"device: {device_name()}  arch preset: {args.arch} (kind:: forms: RTX5090; v_mfma: MI300X, MI250X, MI100)  "
           f"tiles per call: {args.tiles}")
     print(table(rows, ["instruction", "tiles", "emu ms", "MMAs/s", "m16n8k16-eq/s", "(median)", "native ms",
                        "emu/native"]))
