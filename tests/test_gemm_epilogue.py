@@ -85,7 +85,7 @@ def _model(acc, out, epi, alpha=None, beta=None, c=None, bias=None, scale_a=None
     if bias is not None and epi.bias == "accumulator":
         t = t + bias
     y = _round_np(t, out, epi.saturate)
-    if out != "f32" and ((cb is not None and epi.c == "output") or (bias is not None and epi.bias == "output")):
+    if (cb is not None and epi.c == "output") or (bias is not None and epi.bias == "output"):
         t = y.astype(np.float32)
         if cb is not None and epi.c == "output":
             t = t + cb

@@ -34,10 +34,10 @@ CAPTURES = sorted(p for p in DATA.glob("layer_gemm_h*.npz") if "_fresh" not in p
 # layers from the shipped cuBLAS records since they exist (the H200's since 2026-11-28)
 OTHERS = {  # the rest (the aligned, unsplit and block-scaled cases) all reproduced
     "layer_gemm_h100_jax_default.npz": (36, 48),
-    "layer_gemm_h100_torch_default.npz": (71, 74),  # (59, 74) before the records
+    "layer_gemm_h100_torch_default.npz": (74, 74),  # (59, 74) before the records, (71, 74) before serial epilogues
     "layer_gemm_h100_torch_splitk_off.npz": (74, 74),  # (69, 74)
     "layer_gemm_h200_jax_autotune_off.npz": (24, 24),
-    "layer_gemm_h200_torch_default_heldout.npz": (69, 75),  # (47, 75) before the H200 records
+    "layer_gemm_h200_torch_default_heldout.npz": (75, 75),  # (47, 75) before the H200 records, (69, 75) before serial
     "layer_gemm_h200_torch_splitk_off_heldout.npz": (68, 68),  # (50, 68) before the H200 records
     "layer_gemm_h100_torch_default_scaled_block.npz": (0, 0),
     "layer_gemm_h100_torch_splitk_off_scaled_block.npz": (0, 0),

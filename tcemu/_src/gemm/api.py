@@ -17,9 +17,9 @@ import numpy as np
 
 from tcemu._src import formats as fm
 from tcemu._src.checks import check_key, real_array
-from tcemu._src.gemm.autodiff import emulated_matmul
+from tcemu._src.gemm.autodiff import emulated_matmul, emulated_parts
 from tcemu._src.gemm.config import GemmConfig, as_config
-from tcemu._src.gemm.epilogue import OUT_TYPES, finish
+from tcemu._src.gemm.epilogue import OUT_TYPES, finish, finish_serial
 from tcemu._src.gemm.kscales import check_scales, matmul_kscaled
 
 _OUT_DTYPES = {jnp.dtype(jnp.float32): "f32", jnp.dtype(jnp.float16): "f16", jnp.dtype(jnp.bfloat16): "bf16",
@@ -120,6 +120,11 @@ def matmul(a, b, *, c=None, bias=None, alpha=None, beta=None, scale_a=None, scal
                              scale_b=scale_b)
     if 0 in out_shape:
         return jnp.zeros(out_shape, fm.VALUE_DTYPES[out])
+    if serial_epilogue(cfg, a.shape[-1], ops):
+        if kscales is not None:
+            raise ValueError("matmul: serial split-K (KSchedule(reduction='serial')) with epilogue operands runs the "
+                             "epilogue slice by slice; block scales along K (Epilogue.scale_block) are not taken there")
+        return finish_serial(emulated_parts(a, b, key, cfg), ops, out, cfg.k_schedule.partials, cfg.epilogue)
     if a.shape[-1] == 0:  # no products: D = +0, the chain's first C
         acc = jnp.zeros(out_shape, jnp.float32)
     elif kscales is not None:
@@ -127,6 +132,13 @@ def matmul(a, b, *, c=None, bias=None, alpha=None, beta=None, scale_a=None, scal
     else:
         acc = emulated_matmul(a, b, key, cfg)
     return acc if out == "f32" and not ops else finish(acc, ops, out, cfg.epilogue)
+
+
+def serial_epilogue(cfg: GemmConfig, K: int, ops: dict) -> bool:
+    """Whether the epilogue runs slice by slice: serial split-K with several slices at this K and
+    epilogue operands (:func:`~tcemu._src.gemm.epilogue.apply_serial`)."""
+    s = cfg.k_schedule
+    return bool(ops) and K > 0 and s.reduction == "serial" and s.plan(K, cfg.ins.k).slices > 1
 
 
 def _dimension_numbers(dimension_numbers, lhs, rhs):
@@ -201,7 +213,13 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     shape = tuple(ls[i] for i in lb) + tuple(ls[i] for i in lf) + tuple(rs[i] for i in rf)
     ops = _epilogue_operands("dot_general", shape, alpha=alpha, beta=beta, c=c, bias=bias, scale_a=scale_a,
                              scale_b=scale_b)
-    out = matmul(L if lb else L[0], R if rb else R[0], config=cfg, key=key).reshape(shape)
+    lhs2, rhs2 = (L if lb else L[0]), (R if rb else R[0])
+    if dtype in _OUT_DTYPES and serial_epilogue(cfg, L.shape[-1], ops) and 0 not in shape:
+        mshape = lhs2.shape[:-1] + rhs2.shape[-1:]  # the operands in matmul's layout
+        mops = {k: v if not v.ndim else jnp.broadcast_to(v, shape).reshape(mshape) for k, v in ops.items()}
+        out = matmul(lhs2, rhs2, config=cfg, key=key, out_type=_OUT_DTYPES[dtype], **mops).reshape(shape)
+        return out if out_sharding is None else jax.lax.with_sharding_constraint(out, out_sharding)
+    out = matmul(lhs2, rhs2, config=cfg, key=key).reshape(shape)
     if dtype in _OUT_DTYPES and 0 not in shape:
         out = finish(out, ops, _OUT_DTYPES[dtype], cfg.epilogue)
     elif ops:
@@ -249,5 +267,9 @@ def einsum(subscripts, *operands, config: GemmConfig | None = None, key=None, c=
         raise ValueError(f"einsum: epilogue operands need two operands (one contraction) and an output type of "
                          f"{', '.join(OUT_TYPES)}; got {len(operands)} operands, output {shape.dtype}")
     ops = _epilogue_operands("einsum", shape.shape, **given)
+    if cfg.k_schedule.reduction == "serial":
+        raise ValueError("einsum: serial split-K (KSchedule(reduction='serial')) runs the epilogue slice by slice, "
+                         "which needs the operands in a GEMM's layout: use tcemu.dot_general or tcemu.matmul with "
+                         "c=, bias=, alpha=, beta=")
     acc = jnp.einsum(subscripts, *operands, _dot_general=dg, **(kwargs | {"preferred_element_type": jnp.float32}))
     return finish(acc, ops, _OUT_DTYPES[shape.dtype], cfg.epilogue)

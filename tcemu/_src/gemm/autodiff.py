@@ -27,6 +27,7 @@ from jax.interpreters import ad, batching, mlir
 from tcemu._src.gemm.config import GemmConfig
 from tcemu._src.gemm.epilogue import tensor_scaled, to_float32
 from tcemu._src.gemm.execute import batched_gemm_bits
+from tcemu._src.gemm.plan import slice_ranges
 from tcemu._src.quant.blocks import block_quantize
 from tcemu._src.quant.elements import as_float32, quantize, to_codes
 
@@ -196,10 +197,38 @@ def emulated_matmul(a, b, key, cfg: GemmConfig):
     ins = cfg.ins
     if ins.scale_vec is not None:
         return _mm_block(as_float32(a), as_float32(b), cfg)
+    qa, qb, key = _quantized(a, b, key, cfg)
+    return _mm(qa, qb, cfg, key)
+
+
+def _quantized(a, b, key, cfg: GemmConfig):
+    """(a, b rounded to the instruction's input formats with a straight-through gradient, the
+    key left for the GEMM)."""
+    ins = cfg.ins
     ka = kb = None
     if cfg.quantize == "stochastic":
         key, ka, kb = jax.random.split(key, 3)
     af, bf = as_float32(a), as_float32(b)  # float64 (x64) narrowed without XLA's CPU flush
     qa = _ste(af, quantize(af, ins.atype, cfg.quantize, ka))
     qb = _ste(bf, quantize(bf, ins.btype, cfg.quantize, kb))
-    return _mm(qa, qb, cfg, key)
+    return qa, qb, key
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def emulated_parts(a, b, key, cfg: GemmConfig):
+    """The float32 partials of ``a @ b``'s split-K slices as they leave the slices (S, ..., M, N),
+    for serial split-K's epilogue (:func:`~tcemu._src.gemm.epilogue.finish_serial`): the operands
+    quantised once, each slice's K range run by the one-slice schedule that has the slice's own
+    instructions (:func:`~tcemu._src.gemm.plan.slice_ranges`; a stochastic rounding key split per
+    slice). Differentiable as :func:`emulated_matmul`."""
+    ins = cfg.ins
+    if ins.scale_vec is not None:
+        raise ValueError(f"{ins.spelling!r}: serial split-K with epilogue operands takes instructions without "
+                         "block scales of their own (each slice would quantise its own blocks and tensor scale)")
+    ranges, one = slice_ranges(cfg.k_schedule.plan(a.shape[-1], ins.k), ins.k)
+    qa, qb, key = _quantized(a, b, key, cfg)
+    keys = [None] * len(ranges) if key is None else list(jax.random.split(key, len(ranges)))
+    shape = jax.eval_shape(lambda: jnp.matmul(qa, qb)).shape
+    one_cfg = cfg.replace(schedule=one)
+    return jnp.stack([_mm(qa[..., lo:hi], qb[..., lo:hi, :], one_cfg, kk) if hi > lo else jnp.zeros(shape, jnp.float32)
+                      for (lo, hi), kk in zip(ranges, keys)])

@@ -19,6 +19,11 @@ backend):
    ``bias`` added in float32, and rounded to the output type again (a separate kernel, or an
    epilogue working in the output type).
 
+Serial split-K (``KSchedule(reduction="serial")``, CUTLASS's serial split-K, cuBLASLt's
+``INPLACE`` scheme) runs this epilogue once per slice, in order, on the slice's own partial
+(:func:`apply_serial`): the first slice adds ``beta * c`` and the bias, every later slice the D
+the slice before it stored (its source is D), each storing D in the running total's type.
+
 A step whose operand is absent is skipped (``alpha = 1`` and ``beta = 1`` multiply exactly).
 
     >>> import jax.numpy as jnp
@@ -141,9 +146,29 @@ def apply(acc, out: str, epi: Epilogue, *, alpha=None, beta=None, c=None, bias=N
     places = (epi.c, epi.bias)
     t = _round(_add_terms(t, beta, c, bias, places, "accumulator"), out, epi.saturate)
     late = (c is not None and epi.c == "output") or (bias is not None and epi.bias == "output")
-    if late and out != "f32":
+    if late:
         t = _round(_add_terms(fp32.bits(widen(t, fm.FORMATS[out])), beta, c, bias, places, "output"), out, epi.saturate)
     return t
+
+
+def apply_serial(parts, out: str, partials: str, epi: Epilogue, *, alpha=None, beta=None, c=None, bias=None,
+                 scale_a=None, scale_b=None):
+    """Serial split-K's epilogue on the slices' float32 partials ``parts`` (S, ..., M, N): slice 0
+    runs :func:`apply` with every operand placed at "accumulator" and stores D rounded to
+    ``partials``; slice s > 0 runs it on its partial with the stored D as ``c`` (``beta`` 1, no
+    bias; ``alpha`` and the scales apply to every slice, as CUTLASS's serial split-K keeps alpha
+    and sets beta to 1 after the first slice); then D rounded to ``out``, with the operands placed
+    at "output" added as :func:`apply` adds them. Bit patterns (uint32) of ``out``."""
+    scales = dict(alpha=alpha, scale_a=scale_a, scale_b=scale_b)
+    inner = Epilogue(scales=epi.scales, saturate=epi.saturate)
+    first = dict(beta=beta, c=c if epi.c == "accumulator" else None, bias=bias if epi.bias == "accumulator" else None)
+    fmt = fm.FORMATS[partials]
+
+    def slice_step(s, t):
+        return apply(parts[s], partials, inner, c=widen(t, fmt), **scales)
+    t = jax.lax.fori_loop(1, parts.shape[0], slice_step, apply(parts[0], partials, inner, **first, **scales))
+    late = dict(beta=beta, c=c if epi.c == "output" else None, bias=bias if epi.bias == "output" else None)
+    return apply(widen(t, fmt), out, epi, **late)
 
 
 @jax.custom_jvp
@@ -181,3 +206,12 @@ def finish(acc, ops: dict, out: str, epi: Epilogue):
     ops = {k: v.astype(jnp.float32) for k, v in ops.items() if v is not None}
     exact = fm.from_bits(apply(acc, out, epi, **ops), out)
     return ste_out(_expression(acc, ops), exact)
+
+
+@functools.partial(jax.jit, static_argnames=("out", "partials", "epi"))
+def finish_serial(parts, ops: dict, out: str, partials: str, epi: Epilogue):
+    """:func:`finish` for serial split-K: the slices' float32 partials ``parts`` (S, ..., M, N)
+    through :func:`apply_serial`, differentiable as the float32 expression of their sum."""
+    ops = {k: v.astype(jnp.float32) for k, v in ops.items() if v is not None}
+    exact = fm.from_bits(apply_serial(parts, out, partials, epi, **ops), out)
+    return ste_out(_expression(parts.sum(0), ops), exact)

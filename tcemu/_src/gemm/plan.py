@@ -101,3 +101,26 @@ def chain_blocks(plan, K: int, block: int, where: str) -> np.ndarray:
         if b.size:
             out[c] = b[0]
     return out
+
+
+def slice_ranges(plan, k: int):
+    """(start, stop) of the K elements of each of the plan's slices, and the one-slice schedule
+    that runs every slice's own K range with the same instructions: slice s of the plan is that
+    schedule's GEMM over ``K[start:stop]``. Raises unless each slice is one such contiguous range
+    (a slice padded at its start, ``slice_pad="start"``, is not)."""
+    sched = plan.schedule
+    one = sched.replace(slices=1, slice_align=0, slice_pad="end", reduction="sequential", partials="f32",
+                        reduce_threads=1, reduce_lanes=0)
+    out, start = [], 0
+    for s in range(plan.slices):
+        idx = plan.index[s][plan.valid[s]]
+        live = idx[idx >= 0]
+        lo, hi = (int(live.min()), int(live.max()) + 1) if live.size else (start, start)
+        sub = one.plan(hi - lo, k)
+        want = np.where(sub.index[0][sub.valid[0]] >= 0, sub.index[0][sub.valid[0]] + lo, -1)
+        if lo != start or want.shape != idx.shape or (want != idx).any():
+            raise ValueError(f"KSchedule {sched.describe()!r}: slice {s} is not one contiguous run of K with its own "
+                             "k-tiles (K padded at the start of the slices), which serial split-K's epilogue needs")
+        out.append((lo, hi))
+        start = hi
+    return out, one
