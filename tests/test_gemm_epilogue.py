@@ -75,7 +75,7 @@ def _model(acc, out, epi, alpha=None, beta=None, c=None, bias=None, scale_a=None
     if scale_a is not None and scale_b is not None and epi.scales == "product":
         t = t * (scale_a * scale_b)
     else:
-        for s in (scale_a, scale_b):
+        for s in ((scale_b, scale_a) if epi.scales == "sequential_ba" else (scale_a, scale_b)):
             t = t if s is None else t * s
     if alpha is not None:
         t = t * alpha
@@ -96,7 +96,7 @@ def _model(acc, out, epi, alpha=None, beta=None, c=None, bias=None, scale_a=None
 
 
 EPILOGUES = [Epilogue(), Epilogue(c="output"), Epilogue(bias="output"), Epilogue(c="output", bias="output"),
-             Epilogue(scales="sequential"), Epilogue(saturate=True)]
+             Epilogue(scales="sequential"), Epilogue(scales="sequential_ba"), Epilogue(saturate=True)]
 
 
 @pytest.mark.parametrize("out", list(NP_TYPES))

@@ -96,7 +96,11 @@ def _model(a, b, sa, sb, order, slices=1):
         for j in range(s * kb // slices, (s + 1) * kb // slices):
             p = (a[:, j * 128:(j + 1) * 128].astype(np.float64) @ b[j * 128:(j + 1) * 128]).astype(np.float32)
             x, y = sa[:, j:j + 1], sb[j][None]
-            t = fma_model(p, x * y, t) if order == "product" else fma_model((p * x).astype(np.float32), y, t)
+            if order == "product":
+                t = fma_model(p, x * y, t)
+            else:
+                first, then = (y, x) if order == "sequential_ba" else (x, y)
+                t = fma_model((p * first).astype(np.float32), then, t)
         totals.append(t)
     out = totals[0]
     for t in totals[1:]:
@@ -104,7 +108,7 @@ def _model(a, b, sa, sb, order, slices=1):
     return out
 
 
-@pytest.mark.parametrize("order", ["product", "sequential"])
+@pytest.mark.parametrize("order", ["product", "sequential", "sequential_ba"])
 @pytest.mark.parametrize("slices", [1, 2])
 def test_block_scaled_promotion_against_model(order, slices):
     rng = np.random.default_rng(3)

@@ -244,8 +244,6 @@ def answer(path: str, lib: str, gpu: str, M, N, K, a, b, out, batch, flags, base
         return None
     if algo(row).get("reductionScheme") == SERIAL and lib == "torch._scaled_mm":
         source = "nearest"  # serial split-K with fp8 scales: not seen on the GPUs, not measured
-    if flags.get("scaling") == "row" and K % 128 and not flags.get("use_fast_accum"):
-        source = "nearest"  # row-wise scales, promotion, K off a multiple of 128: 2 of 2 not reproduced
     try:
         return row_config(row, gpu, base), source, row
     except NotEmulated:

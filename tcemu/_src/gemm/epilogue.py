@@ -6,7 +6,8 @@ rounded to nearest even (:mod:`~tcemu._src.numerics.fp32`, in integers: the same
 backend):
 
 1. the input scales (fp8 GEMMs): ``acc * (scale_a * scale_b)`` (``scales="product"``, cuBLASLt's
-   per-tensor form) or ``(acc * scale_a) * scale_b`` (``"sequential"``); a scale is a scalar
+   per-tensor form), ``(acc * scale_a) * scale_b`` (``"sequential"``) or ``(acc * scale_b) *
+   scale_a`` (``"sequential_ba"``, cuBLASLt's row-wise form); a scale is a scalar
    (per tensor) or a vector (row-wise: ``scale_a`` (..., M, 1), ``scale_b`` (1, N)). Block
    scales along K (``scale_block``) are not applied here but in the mainloop, to each block's
    partial sum (:mod:`~tcemu._src.gemm.kscales`);
@@ -51,7 +52,7 @@ from tcemu._src.numerics import rounding
 from tcemu._src.quant.elements import widen
 
 PLACES = ("accumulator", "output")
-SCALE_ORDERS = ("product", "sequential")
+SCALE_ORDERS = ("product", "sequential", "sequential_ba")
 OUT_TYPES = ("f32", "f16", "bf16", "e4m3", "e5m2")
 
 
@@ -65,7 +66,8 @@ class Epilogue:
         to the output type) or "output" (to the result already rounded to the output type, then
         rounded again).
       bias: where the bias is added, the same choices.
-      scales: "product" (``acc * (scale_a * scale_b)``) or "sequential" (``(acc * scale_a) * scale_b``).
+      scales: "product" (``acc * (scale_a * scale_b)``), "sequential" (``(acc * scale_a) * scale_b``)
+        or "sequential_ba" (``(acc * scale_b) * scale_a``).
       saturate: f16/bf16 outputs saturate to the largest finite value instead of overflowing to
         infinity (``cvt...satfinite``); fp8 outputs always saturate.
       scale_block: 0 (``scale_a`` and ``scale_b`` per tensor or row, applied to the accumulator
@@ -73,7 +75,8 @@ class Epilogue:
         128x128 fp8 scales: 128): ``scale_a`` (..., M, K / block) and ``scale_b`` (..., K / block,
         N); each promotion group's partial sum enters the float32 accumulator by one FFMA,
         ``fma(p, scale_a * scale_b, acc)`` ("product") or ``fma(p * scale_a, scale_b, acc)``
-        ("sequential"). Needs a K schedule with promotion groups inside the blocks.
+        ("sequential"; "sequential_ba": ``fma(p * scale_b, scale_a, acc)``). Needs a K schedule
+        with promotion groups inside the blocks.
 
     >>> Epilogue(bias="output").bias
     'output'
@@ -139,7 +142,7 @@ def apply(acc, out: str, epi: Epilogue, *, alpha=None, beta=None, c=None, bias=N
         if epi.scales == "product" and sa is not None and sb is not None:
             t = fp32.mul(t, fp32.mul(sa, sb))
         else:
-            for s in (sa, sb):
+            for s in ((sb, sa) if epi.scales == "sequential_ba" else (sa, sb)):
                 t = t if s is None else fp32.mul(t, s)
     if alpha is not None:
         t = fp32.mul(t, fp32.bits(alpha))

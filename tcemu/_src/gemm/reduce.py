@@ -111,7 +111,8 @@ def promote(chain, groups: int, zero, ar: Arith, scaled=None):
 def block_scaled(order: str, blocks, scale_a, scale_b):
     """The promotion step of block scales along K, ``(c, x, t) -> t'`` for chain ``c`` with the
     float32 result ``x`` (bits) and total ``t``: one FFMA, ``fma(x, sa * sb, t)`` (``order``
-    "product") or ``fma(x * sa, sb, t)`` ("sequential"), each step rounded to nearest even.
+    "product"), ``fma(x * sa, sb, t)`` ("sequential") or ``fma(x * sb, sa, t)`` ("sequential_ba"),
+    each step rounded to nearest even.
     ``blocks`` (chains,): the scale block of each chain (:func:`~tcemu._src.gemm.plan.chain_blocks`);
     ``scale_a(b)``, ``scale_b(b)``: the float32 scale bits of block ``b`` broadcasting against ``x``."""
     blocks = jnp.asarray(blocks)
@@ -121,6 +122,8 @@ def block_scaled(order: str, blocks, scale_a, scale_b):
         sa, sb = scale_a(b), scale_b(b)
         if order == "product":
             return fp32.fma(x, fp32.mul(sa, sb), t)
+        if order == "sequential_ba":
+            return fp32.fma(fp32.mul(x, sb), sa, t)
         return fp32.fma(fp32.mul(x, sa), sb, t)
     return step
 
