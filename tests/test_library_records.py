@@ -20,6 +20,7 @@ from tcemu._src import library_records as R
 
 sys.path.insert(0, str(ROOT / "experiments" / "hardware"))
 from check_records import check  # noqa: E402
+from identify_layers import emulate, epilogue_operands  # noqa: E402
 
 DATA = ROOT / "tests" / "data"
 FRESH2 = sorted(DATA.glob("*_h100_torch*_fresh2.npz"))
@@ -149,3 +150,52 @@ def test_serial_reduction_rounds_the_running_total():
     # serial: round_bf16(1 + 2^-9) = 1 at every step; sequential: 1 + 3 * 2^-9 in float32
     assert got == {"serial": 1.0, "sequential": 1.0 + 3 * 2.0**-9}
     assert float(ml_dtypes.bfloat16(1.0 + 2.0**-9)) == 1.0
+
+
+def test_serial_split_k_epilogue_held_out():
+    """Captured on an H200 after serial split-K's epilogue was frozen (0781544), at shapes where the
+    records run INPLACE split-K: F.linear with a bias, torch.addmm with a C row, a full C and
+    alpha = 2, beta = 0.5 (every ninth case, 8 rows; all 127 serial cases reproduce every row)."""
+    path = DATA / "layer_gemm_h200_torch_default_serial_salt13.npz"
+    out = [check((p, k, None, 8)) for p, k in _jobs([path], 9)]
+    assert all(r["source"] == "recorded" and r["match"] == 1 for r in out)
+    serial = {r["lib"] + str(sorted(r["flags"].items())) for r in out if "reduction='serial'" in r["config"]}
+    assert len(serial) >= 4  # bias, C row, full C, alpha/beta
+
+
+@pytest.mark.parametrize("name,key", [("default_fresh2_salt17_scaled_mm", "l21"), ("default_fresh2_salt17_scaled_mm", "l57"),
+                                      ("default_salt17_scaled_mm", "l57"), ("splitk_off_fresh2_salt17_scaled_mm", "s21")])
+def test_row_scales_b_first_held_out(name, key):
+    """Row-wise fp8 scales, (acc * scale_b) * scale_a: captured on an H200 after the order was
+    frozen; in these cases (acc * scale_a) * scale_b misses one output (176 row-scaled cases)."""
+    path = str(DATA / f"layer_gemm_h200_torch_{name}.npz")
+    r = check((path, key, None, 0))
+    assert (r["flags"]["scaling"], r["source"], r["match"]) == ("row", "recorded", 1)
+    z, meta = C.load(path)
+    case = next(c for c in meta["cases"] if c.get("key") == key)
+    rows, cols, d = z[f"{key}.rows"], z[f"{key}.cols"], z[f"{key}.d"]
+    cfg = tcemu.library_config("torch._scaled_mm", arch="H200", M=case["M"], N=case["N"], K=case["K"], a="e4m3",
+                               b="e4m3", out=case["out"], **case["flags"])
+    assert cfg.epilogue.scales == "sequential_ba"
+    a_first = emulate(case, rows, cols, cfg.replace(epilogue=tcemu.Epilogue(scales="sequential")),
+                      epilogue_operands(case, rows, cols)).view(d.dtype)
+    assert (a_first != d).sum() == 1
+
+
+@pytest.mark.parametrize("key", ["l18", "l31"])  # F.linear with a bias (f16); addmm with alpha, beta, C (bf16)
+def test_identify_finds_serial_split_k_with_the_epilogue(key):
+    """identify given the layer's operands on 32 rows of the held-out serial capture (H200,
+    333 x 8192 x 4097) finds serial split-K with its epilogue (the library's bare-GEMM record,
+    tried first) and reproduces the other 32 rows."""
+    z, meta = C.load(DATA / "layer_gemm_h200_torch_default_serial_salt13.npz")
+    case = next(c for c in meta["cases"] if c.get("key") == key)
+    rows, cols, d = z[f"{key}.rows"], z[f"{key}.cols"], z[f"{key}.d"].view(C.NUMPY[case["out"]])
+    ops = epilogue_operands(case, rows, cols)
+    seen = np.arange(len(rows)) < 32
+    a, _, bs = C.crop_operands(case, rows[seen], cols)
+    cfg = tcemu.identify(a, bs[0], d[seen], arch="H200", library="torch.mm", shape=(case["M"], case["N"]),
+                         max_seconds=60, **{k: (v[seen] if k == "c" else v) for k, v in ops.items()})
+    assert cfg.schedule.reduction == "serial"
+    held = {k: (v[~seen] if k == "c" else v) for k, v in ops.items()}
+    got = emulate(case, rows[~seen], cols, cfg, held).view(d.dtype)
+    assert np.array_equal(got, d[~seen])

@@ -66,9 +66,9 @@ def _mma(spelling, arch):
     return jax.jit(lambda a, b, c: tcemu.mma(spelling, a, b, c, arch=arch))
 
 
-def reference_matmul(a, b, cfg):
-    """Chains of value-level ``tcemu.mma`` over the reference ranges (zeros padding partial
-    instructions), partials added with numpy float32 (IEEE RNE) in the schedule's order."""
+def reference_parts(a, b, cfg):
+    """Each slice's float32 partial: chains of value-level ``tcemu.mma`` over the reference ranges
+    (zeros padding partial instructions), promotion groups added with numpy float32 (IEEE RNE)."""
     s, ins = cfg.k_schedule, cfg.ins
     M, K = a.shape
     N = b.shape[1]
@@ -97,6 +97,13 @@ def reference_matmul(a, b, cfg):
             parts.append(total)
         else:
             parts.append(np.asarray(d, np.float32))
+    return [p[:M, :N] for p in parts]
+
+
+def reference_matmul(a, b, cfg):
+    """:func:`reference_parts` added with numpy float32 (IEEE RNE) in the schedule's order."""
+    s = cfg.k_schedule
+    parts = reference_parts(a, b, cfg)
     store = lambda p: p.astype({"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16}[s.partials]) \
         .astype(np.float32)  # noqa: E731
     if s.reduction == "serial":  # the running total stored after every slice
@@ -142,7 +149,7 @@ def reference_matmul(a, b, cfg):
     out = parts[0]
     for p in parts[1:]:
         out = out + p
-    return out[:M, :N]
+    return out
 
 
 SCHEDULES = [
@@ -239,3 +246,63 @@ def test_equivalent_schedules(a, b, K, same):
 def test_plan_rejects_bad_sizes(K, k):
     with pytest.raises(ValueError, match="KSchedule.plan: (K|k) must be an integer"):
         tcemu.KSchedule().plan(K, k)
+
+
+SERIAL = [tcemu.KSchedule(k_tile=32, residue="first", slices=4, slice_align=8, reduction="serial", partials="bf16"),
+          tcemu.KSchedule(k_tile=64, slices=3, reduction="serial", partials="f16"),
+          tcemu.KSchedule(k_tile=128, slices=2, promotion=128, reduction="serial", partials="bf16")]
+NP_OUT = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16}
+
+
+@pytest.mark.parametrize("sched", SERIAL, ids=lambda s: s.describe().replace(" ", "_"))
+@pytest.mark.parametrize("ops", ["bias", "c", "alpha_beta_c", "alpha_bias"])
+def test_serial_split_k_runs_the_epilogue_per_slice(sched, ops):
+    """CUTLASS's serial split-K: slice 0 stores round(alpha * p0 + beta * c + bias), slice s
+    round(alpha * p_s + D) (numpy float32 steps on the reference partials), in matmul and
+    dot_general."""
+    rng = np.random.default_rng(abs(hash((sched, ops))) % 2**32)
+    M, N, K, dt = 17, 8, 300, np.float16
+    a = (rng.standard_normal((M, K)) * 2.0 ** rng.integers(-6, 6, (M, K))).astype(dt)
+    b = (rng.standard_normal((K, N)) * 2.0 ** rng.integers(-6, 6, (K, N))).astype(dt)
+    cfg = tcemu.GemmConfig(arch="H100", instruction="m16n8k16.f32.f16.f16.f32", schedule=sched)
+    given = {"bias": dict(bias=rng.standard_normal(N).astype(np.float32) * 64),
+             "c": dict(c=rng.standard_normal((M, N)).astype(np.float32) * 64),
+             "alpha_beta_c": dict(alpha=np.float32(-1.7), beta=np.float32(0.3), c=rng.standard_normal((M, N)) * 64),
+             "alpha_bias": dict(alpha=np.float32(2.5), bias=rng.standard_normal(N) * 64)}[ops]
+    given = {k: np.float32(v) if np.ndim(v) == 0 else np.asarray(v, np.float32) for k, v in given.items()}
+    f32, pt = np.float32, NP_OUT[sched.partials]
+    alpha = given.get("alpha", f32(1))
+    parts = reference_parts(a, b, cfg)
+    t = f32(parts[0] * alpha)
+    if "c" in given:
+        t = f32(t + f32(given.get("beta", f32(1)) * given["c"]))
+    if "bias" in given:
+        t = f32(t + given["bias"])
+    t = t.astype(pt)
+    for p in parts[1:]:
+        t = f32(f32(p * alpha) + t.astype(f32)).astype(pt)
+    got = np.asarray(tcemu.matmul(a, b, config=cfg, out_type=sched.partials, **given))
+    assert got.view(np.uint16).tolist() == t.view(np.uint16).tolist()
+    dg = tcemu.dot_general(jnp.asarray(a), jnp.asarray(b), (((1,), (0,)), ((), ())), config=cfg,
+                           preferred_element_type=NP_OUT[sched.partials], **given)
+    assert np.asarray(dg).view(np.uint16).tolist() == t.view(np.uint16).tolist()
+    plain = tcemu.matmul(a, b, config=cfg, out_type=sched.partials)  # no operands: the reduction's own rounding
+    assert np.asarray(plain).view(np.uint16).tolist() == reference_matmul(a, b, cfg).astype(pt).view(np.uint16).tolist()
+
+
+def test_serial_split_k_epilogue_gradients_and_errors():
+    sched = tcemu.KSchedule(k_tile=32, residue="first", slices=3, slice_align=8, reduction="serial", partials="bf16")
+    cfg = tcemu.GemmConfig(arch="H100", instruction="m16n8k8.f32.bf16.bf16.f32", schedule=sched)
+    rng = np.random.default_rng(3)
+    a, b = jnp.asarray(rng.standard_normal((8, 100)), jnp.float32), jnp.asarray(rng.standard_normal((100, 6)), jnp.float32)
+    bias = jnp.asarray(rng.standard_normal(6), jnp.float32)
+    grads = jax.grad(lambda x, y, z: tcemu.matmul(x, y, bias=z, alpha=2.0, out_type="bf16", config=cfg)
+                     .astype(jnp.float32).sum(), argnums=(0, 1, 2))(a, b, bias)
+    plain = jax.grad(lambda x, y: tcemu.matmul(x, y, config=cfg).sum(), argnums=(0, 1))(a, b)
+    assert np.array_equal(grads[0], 2 * plain[0]) and np.array_equal(grads[1], 2 * plain[1])
+    assert np.array_equal(grads[2], np.full(6, 8.0, np.float32))
+    with pytest.raises(ValueError, match="einsum: serial split-K"):
+        tcemu.einsum("mk,kn->mn", a, b, bias=bias, config=cfg)
+    with pytest.raises(ValueError, match="K padded at the start"):
+        tcemu.matmul(a, b, bias=bias, config=cfg.replace(schedule=sched.replace(k_tile=0, residue="last",
+                                                                                slice_pad="start", slice_align=1)))

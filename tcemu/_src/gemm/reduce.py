@@ -72,26 +72,33 @@ def combine_chains(chain, plan, zero, ar: Arith, to_f32=lambda x: x, scaled=None
     into float32 from +0 (``scaled``: see :func:`promote`), then the slices' stored partials
     reduced as the schedule says. A sequential reduction holds one partial at a time."""
     sched, S = plan.schedule, plan.slices
-    G = -(-plan.steps // (plan.group or plan.steps))
-
-    def one_slice(s):
-        if not plan.group:
-            return chain(s * G)
-        step = None if scaled is None else (lambda j, x, total: scaled(s * G + j, x, total))
-        return promote(lambda j: to_f32(chain(s * G + j)), G, zero, ar, step)
-
     if S == 1:
-        return one_slice(0)
-
-    def raw(s):  # slice s's float32 partial as it leaves the slice
-        x = one_slice(s)
-        return x if plan.group else to_f32(x)
-
+        return _slice_fn(chain, plan, zero, ar, to_f32, scaled, widen=False)(0)
+    raw = _slice_fn(chain, plan, zero, ar, to_f32, scaled)
     if sched.reduction in ("sequential", "serial"):  # one partial alive at a time
         step = ((lambda t, x: ar.add(t, store_partial(x, sched, ar))) if sched.reduction == "sequential"
                 else (lambda t, x: _serial_step(t, x, sched, ar)))
         return ar.loop(1, S, lambda s, t: step(t, raw(s)), store_partial(raw(0), sched, ar))
     return reduce_parts(ar.map(lambda s: store_partial(raw(s), sched, ar), S), sched, ar)
+
+
+def _slice_fn(chain, plan, zero, ar: Arith, to_f32, scaled, widen=True):
+    """s -> slice s's partial as it leaves the slice: its chain, or its promotion groups added into
+    float32 from +0; in float32 (``widen``) or, one chain, in the accumulator's format."""
+    G = -(-plan.steps // (plan.group or plan.steps))
+
+    def one_slice(s):
+        if not plan.group:
+            return to_f32(chain(s * G)) if widen else chain(s * G)
+        step = None if scaled is None else (lambda j, x, total: scaled(s * G + j, x, total))
+        return promote(lambda j: to_f32(chain(s * G + j)), G, zero, ar, step)
+    return one_slice
+
+
+def slice_partials(chain, plan, zero, ar: Arith, to_f32=lambda x: x):
+    """(S, ...) the float32 partial of each slice of the plan as it leaves the slice (the chains as
+    :func:`combine_chains` takes them), for serial split-K's epilogue."""
+    return ar.map(_slice_fn(chain, plan, zero, ar, to_f32, None), plan.slices)
 
 
 def _serial_step(total, part, sched: KSchedule, ar: Arith):

@@ -97,8 +97,8 @@ def schedules(K: int, k: int, a: str, b: str, out: str, prefer: str | None = Non
     also promoted every 128. Stage 1, for every slice count S (2, 3, 4, ...), the libraries'
     split-K forms: slices aligned to 64-element k-tiles added in order (cuBLAS nvjet); slices
     rounded up to 16 bytes of the narrower input with the residue first in 32..128-element
-    k-tiles (CUTLASS 2); such slices with k-tiles of 16..256 and the residue last in each slice,
-    added pairwise, by a shuffle tree or in order (XLA's Triton split-K pads K to a multiple of
+    k-tiles (CUTLASS 2; also serial split-K in the output type); such slices with k-tiles of
+    16..256 and the residue last in each slice, added pairwise, by a shuffle tree or in order (XLA's Triton split-K pads K to a multiple of
     S * 16 bytes). Stage 2, per S, the rest: other k-tiles, residues, alignments, padding at the
     start, partials in the output type. ``prefer`` ("nvjet", "cutlass" or "xla"): that family's forms,
     for every S, come before the rest of stage 1 (stage 0.5), and for "cutlass" the one chain
@@ -125,9 +125,11 @@ def schedules(K: int, k: int, a: str, b: str, out: str, prefer: str | None = Non
     def nvjet(S):  # cuBLAS nvjet: slices aligned to the k-tiles
         return [KSchedule(k_tile=common, slices=S, promotion=p) for p in promo]
 
-    def cutlass(S):  # CUTLASS 2: slices of 16 bytes, residue first
+    def cutlass(S):  # CUTLASS 2: slices of 16 bytes, residue first; serial split-K in the output type
         return [KSchedule(k_tile=t, residue="first", slices=S, slice_align=xla, partials=part)
-                for t in tiles[:3] for part in partials]
+                for t in tiles[:3] for part in partials] + \
+            [KSchedule(k_tile=t, residue="first", slices=S, slice_align=xla, partials=part, reduction="serial")
+             for t in tiles[:3] for part in partials[1:]]
 
     def triton(S):  # XLA's split-K: equal slices of 16 bytes, its reductions of the partials
         return [sc for t in every_tile
@@ -179,7 +181,7 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
     evidence: more rows separate schedules that differ in a few outputs, and ``library`` (one of
     :data:`tcemu.library_config`'s: "torch.mm", "torch.bmm", "torch._scaled_mm", "jnp.dot")
     tries first what :func:`tcemu.library_config` answers from cuBLAS's records or a rule under
-    each of the library's flags (GEMMs without ``c``/``bias``/``alpha``/``beta``), then the kernel
+    each of the library's flags (the bare GEMM's configuration, with each epilogue), then the kernel
     family it runs at the shape (cuBLAS: CUTLASS 2 forms where K or N is not a multiple of 8,
     nvjet forms otherwise; XLA: its split-K forms). ``shape``: the whole GEMM's ``(M, N)`` or
     ``(batch, M, N)`` where ``a``, ``b`` and ``d`` are crops of it (cuBLAS's choice depends on
@@ -215,8 +217,7 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
     if candidates is not None:
         todo = [(ins, sc) for sc in candidates for ins in ins_list]
     else:
-        lib = library if c is None and bias is None and alpha is None and beta is None else None  # bare GEMMs
-        hints = _hint_pairs(lib, arch, whole, K, (at, bt, ot, hlo), instruction, ks, fast, sample)
+        hints = _hint_pairs(library, arch, whole, K, (at, bt, ot, hlo), instruction, ks, fast, sample)
         todo = hints + _staged(ins_list, ks, fast, K, (at, bt, ot), prefer)
     t0, tried, scores = time.time(), set(), []
     for ins, sc in todo:

@@ -11,10 +11,11 @@ import numpy as np
 
 from tcemu._src import formats as fm
 from tcemu._src.gemm import Epilogue, GemmConfig, KSchedule, matmul
-from tcemu._src.gemm.epilogue import PLACES, SCALE_ORDERS, finish
+from tcemu._src.gemm.api import serial_epilogue
+from tcemu._src.gemm.epilogue import PLACES, SCALE_ORDERS, finish, finish_serial
 from tcemu._src.gemm.execute import kernel_of
 from tcemu._src.gemm.plan import chain_index, chain_layout
-from tcemu._src.gemm.reduce import NUMPY, combine_chains
+from tcemu._src.gemm.reduce import NUMPY, combine_chains, slice_partials
 
 INPUT_TYPES = {np.dtype(np.float16): "f16", np.dtype(ml_dtypes.bfloat16): "bf16",
                np.dtype(ml_dtypes.float8_e4m3fn): "e4m3", np.dtype(ml_dtypes.float8_e5m2): "e5m2"}
@@ -67,12 +68,15 @@ class Chains:
         self.cache[key] = out
         return out
 
-    def __call__(self, sched: KSchedule, K: int, rows):
-        """float32 D (R, C) of ``sched`` on ``rows`` of A."""
+    def __call__(self, sched: KSchedule, K: int, rows, parts: bool = False):
+        """float32 D (R, C) of ``sched`` on ``rows`` of A; ``parts``: each slice's partial (S, R, C)."""
         plan = sched.plan(K, self.k)
         ch = self.chains(plan, rows)
         with np.errstate(all="ignore"):  # overflows to inf are part of the emulation
-            return combine_chains(lambda c: ch[c], plan, np.zeros(ch.shape[1:], np.float32), NUMPY)
+            zero = np.zeros(ch.shape[1:], np.float32)
+            if parts:
+                return slice_partials(lambda c: ch[c], plan, zero, NUMPY)
+            return combine_chains(lambda c: ch[c], plan, zero, NUMPY)
 
 
 def _raw(x):
@@ -157,13 +161,20 @@ class Sample:
             ops["scale_b"] = ops["scale_b"][:, self.ci]
         self.ops, self.out = ops, OUTPUT_TYPES[d.dtype]
 
+    def _rows(self, sel) -> dict:
+        """The epilogue operands of the rows ``sel``."""
+        return {k: (v[sel] if k == "c" or (k == "scale_a" and v.ndim) else v) for k, v in self.ops.items()}
+
     def _epilogue(self, acc, cfg, sel):
-        """The rows ``sel`` of the float32 accumulators ``acc`` through ``cfg``'s epilogue, in D's type."""
+        """The rows ``sel`` of the float32 accumulators ``acc`` (serial split-K with operands: each
+        slice's, (S, R, C)) through ``cfg``'s epilogue, in D's type."""
         if not self.ops:
             with np.errstate(over="ignore"):  # float32 -> float16 overflow: inf, as the GPU gives
                 return acc.astype(self.D.dtype)
-        ops = {k: (v[sel] if k == "c" or (k == "scale_a" and v.ndim) else v) for k, v in self.ops.items()}
-        return np.asarray(finish(jnp.asarray(acc), ops, self.out, cfg.epilogue))
+        if serial_epilogue(cfg, self.K, self.ops):
+            return np.asarray(finish_serial(jnp.asarray(acc), self._rows(sel), self.out, cfg.k_schedule.partials,
+                                            cfg.epilogue))
+        return np.asarray(finish(jnp.asarray(acc), self._rows(sel), self.out, cfg.epilogue))
 
     def evaluators(self, base: GemmConfig):
         """Per batch index, the chain evaluator of ``base``'s instruction (None: off the kernel)."""
@@ -178,7 +189,11 @@ class Sample:
         res = np.zeros((int(sel.sum()), len(self.ci)), self.D.dtype)
         for x, B in self.Bs.items():
             m = self.bi[sel] == x
-            if m.any():
+            if m.any() and serial_epilogue(cfg, self.K, self.ops):
+                ops = {k: jnp.asarray(v) for k, v in self._rows(np.flatnonzero(sel)[m]).items()}
+                res[m] = np.asarray(matmul(jnp.asarray(self.A[sel][m]), jnp.asarray(B), config=cfg, out_type=self.out,
+                                           **ops))
+            elif m.any():
                 acc = np.asarray(matmul(jnp.asarray(self.A[sel][m]), jnp.asarray(B), config=cfg))
                 res[m] = self._epilogue(acc, cfg, np.flatnonzero(sel)[m])
         return res
@@ -192,7 +207,8 @@ class Sample:
         for x, ev in fast.items():
             m = sel & (self.bi == x)
             if m.any():
-                res[m] = self._epilogue(ev(cfg.schedule, self.K, np.flatnonzero(m)), cfg, np.flatnonzero(m))
+                acc = ev(cfg.schedule, self.K, np.flatnonzero(m), parts=serial_epilogue(cfg, self.K, self.ops))
+                res[m] = self._epilogue(acc, cfg, np.flatnonzero(m))
         ok = _same(res[sel], self.D[sel])
         if ok.all() and sel.all():
             ok = _same(self.run(cfg, sel), self.D[sel])
