@@ -199,3 +199,32 @@ def test_identify_finds_serial_split_k_with_the_epilogue(key):
     held = {k: (v[~seen] if k == "c" else v) for k, v in ops.items()}
     got = emulate(case, rows[~seen], cols, cfg, held).view(d.dtype)
     assert np.array_equal(got, d[~seen])
+
+
+@pytest.mark.parametrize("key,order", [("l1", "sequential"), ("l3", "product")])  # 1x128 x 1x128; 1x128 x 128x128
+def test_identify_finds_block_scales_along_k(key, order):
+    """identify given DeepSeek-V3 block scales (scale_a (M, K / 128), scale_b (K / 128, N)) on 32
+    rows of the H100's held-out block-scaled capture (f32 outputs, which tell the orders apart):
+    promotion every 128, the measured order, the other 32 rows reproduced."""
+    z, meta = C.load(DATA / "layer_gemm_h100_torch_default_heldout_scaled_block.npz")
+    case = next(c for c in meta["cases"] if c.get("key") == key)
+    rows, cols, d = z[f"{key}.rows"], z[f"{key}.cols"], z[f"{key}.d"].view(C.NUMPY[case["out"]])
+    ops = epilogue_operands(case, rows, cols)
+    seen = np.arange(len(rows)) < 32
+    pick = lambda sel: {k: (v[sel] if k == "scale_a" else v) for k, v in ops.items()}  # noqa: E731
+    a, _, bs = C.crop_operands(case, rows[seen], cols)
+    cfg = tcemu.identify(a, bs[0], d[seen], arch="H100", library="torch._scaled_mm", shape=(case["M"], case["N"]),
+                         max_seconds=60, **pick(seen))
+    assert (cfg.schedule.promotion, cfg.epilogue.scale_block, cfg.epilogue.scales) == (128, 128, order)
+    assert np.array_equal(emulate(case, rows[~seen], cols, cfg, pick(~seen)).view(d.dtype), d[~seen])
+
+
+def test_identify_block_scale_errors():
+    a = np.ones((4, 256), ml_dtypes.float8_e4m3fn)
+    b = np.ones((256, 8), ml_dtypes.float8_e4m3fn)
+    d = np.ones((4, 8), np.float32)
+    with pytest.raises(ValueError, match=r"block scales along K need both scale_a \(M, 2\)"):
+        tcemu.identify(a, b, d, arch="H100", scale_a=np.ones((4, 2)), scale_b=np.ones((1, 8)))
+    with pytest.raises(ValueError, match="scale_block=128 go with block scales"):
+        tcemu.identify(a, b, d, arch="H100", scale_a=np.ones((4, 1)), scale_b=np.ones((1, 8)),
+                       epilogues=[tcemu.Epilogue(scale_block=128)])

@@ -76,9 +76,10 @@ def emulate(case, rows, cols, cfg, ops):
 
 def epilogues(ops):
     import tcemu
-    from tcemu._src.identify.sample import epilogues_to_try
+    from tcemu._src.identify.sample import block_scaled, epilogues_to_try
 
-    return epilogues_to_try(None, "c" in ops, "bias" in ops, "scale_a" in ops and "scale_b" in ops) or [tcemu.Epilogue()]
+    return epilogues_to_try(None, "c" in ops, "bias" in ops, "scale_a" in ops and "scale_b" in ops,
+                            block_scaled(ops)) or [tcemu.Epilogue()]
 
 
 def config_dict(cfg):

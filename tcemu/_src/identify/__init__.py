@@ -24,7 +24,8 @@ from tcemu._src.gemm import GemmConfig, KSchedule
 from tcemu._src.gemm.config import instruction as parse_instruction
 from tcemu._src.gemm.schedule import REDUCTIONS
 from tcemu._src.identify.hints import hints as _hints, prefer as _prefer, whole_shape as _shape
-from tcemu._src.identify.sample import INPUT_TYPES, OUTPUT_TYPES, Sample, epilogue_operands, epilogues_to_try
+from tcemu._src.identify.sample import (BLOCK, INPUT_TYPES, OUTPUT_TYPES, Sample, block_scaled, epilogue_operands,
+                                        epilogues_to_try)
 from tcemu._src.isa.targets import check_arch
 from tcemu._src.library import slice_alignment
 
@@ -162,7 +163,8 @@ def schedules(K: int, k: int, a: str, b: str, out: str, prefer: str | None = Non
 def _signature(s: KSchedule, K: int, k: int):
     plan = s.plan(K, k)
     return plan.index.tobytes(), plan.index.shape, plan.valid.tobytes(), plan.group, \
-        (s.reduction, s.reduce_threads, s.reduce_lanes) if plan.slices > 2 else "", s.partials if plan.slices > 1 else ""
+        (s.reduction, s.reduce_threads, s.reduce_lanes) if plan.slices > 2 or s.reduction == "serial" else "", \
+        s.partials if plan.slices > 1 else ""
 
 
 def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction: str | None = None,
@@ -192,7 +194,10 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
     (a scalar or (M, 1)), ``scale_b`` (a scalar or (1, N)), as :func:`tcemu.matmul` takes them) and
     ``d`` is matched by ``matmul(a, b, c=c, bias=bias, ..., out_type=d.dtype, config=cfg)``, trying
     for each schedule the :class:`tcemu.Epilogue` objects in ``epilogues`` (default: every place,
-    "accumulator" or "output", of ``c`` and of ``bias``, and both orders of two scales).
+    "accumulator" or "output", of ``c`` and of ``bias``, and every order of two scales). Block
+    scales along K (DeepSeek-V3's 1x128 / 128x128 fp8 recipe): ``scale_a`` (M, ceil(K / 128)) and
+    ``scale_b`` (ceil(K / 128), N); then the schedules tried are those promoting inside the blocks,
+    with ``Epilogue(scale_block=128)`` in each order.
 
     >>> import numpy as np, tcemu
     >>> rng = np.random.default_rng(0)
@@ -209,9 +214,11 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
     K, whole = a.shape[-1], _shape(shape, a, b)
     prefer = _prefer(library, K, whole[2], at, bt)
     ins_list = _instructions(arch, at, bt, instruction)
-    ops = epilogue_operands(d, dict(c=c, bias=bias, alpha=alpha, beta=beta, scale_a=scale_a, scale_b=scale_b))
+    ops = epilogue_operands(d, dict(c=c, bias=bias, alpha=alpha, beta=beta, scale_a=scale_a, scale_b=scale_b), K)
     sample = Sample(a, b, d, rows, cols, ops)
-    epis = epilogues_to_try(epilogues, c is not None, bias is not None, scale_a is not None and scale_b is not None)
+    block = block_scaled(ops)
+    epis = epilogues_to_try(epilogues, c is not None, bias is not None, scale_a is not None and scale_b is not None,
+                            block)
     ks = {ins: GemmConfig(arch=arch, instruction=ins).ins.k for ins in ins_list}
     fast = {ins: sample.evaluators(GemmConfig(arch=arch, instruction=ins)) for ins in ins_list}
     if candidates is not None:
@@ -227,8 +234,8 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
         except ValueError:
             continue
         sig = (ins, _signature(sc, K, k))
-        if sig in tried:
-            continue
+        if sig in tried or (block and (not sc.promotion or BLOCK % sc.promotion)):
+            continue  # block scales along K: promotion groups inside the blocks
         tried.add(sig)
         for epi in epis:
             cfg = GemmConfig(arch=arch, instruction=ins, schedule=sc, epilogue=epi)

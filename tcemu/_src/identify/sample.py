@@ -20,6 +20,7 @@ from tcemu._src.gemm.reduce import NUMPY, combine_chains, slice_partials
 INPUT_TYPES = {np.dtype(np.float16): "f16", np.dtype(ml_dtypes.bfloat16): "bf16",
                np.dtype(ml_dtypes.float8_e4m3fn): "e4m3", np.dtype(ml_dtypes.float8_e5m2): "e5m2"}
 OUTPUT_TYPES = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", np.dtype(ml_dtypes.bfloat16): "bf16"}
+BLOCK = 128  # block scales along K identify takes: DeepSeek-V3's and cuBLASLt's 1x128 / 128x128
 
 
 def _chains_fn(kernel, afmt, bfmt, model, k: int, chain_k: int):
@@ -90,14 +91,16 @@ def _widened(x, etype: str):
     return x if x.dtype == want else x.astype(want)
 
 
-def epilogue_operands(d, given: dict) -> dict:
+def epilogue_operands(d, given: dict, K: int) -> dict:
     """The epilogue operands as float32 numpy arrays: ``c`` broadcast to ``d``'s shape, ``bias``
-    (N,), ``scale_a`` () or (M, 1), ``scale_b`` () or (1, N), scalars ``alpha`` and ``beta``."""
+    (N,), ``scale_a`` () or (M, 1) or block scales along K (M, ceil(K / BLOCK)), ``scale_b`` ()
+    or (1, N) or (ceil(K / BLOCK), N), scalars ``alpha`` and ``beta``."""
     if given["beta"] is not None and given["c"] is None:
         raise ValueError("identify: beta scales c; give c= with beta=")
     M, N = d.shape[-2:]
-    shapes = {"c": [d.shape], "bias": [(N,)], "alpha": [()], "beta": [()], "scale_a": [(), (M, 1)],
-              "scale_b": [(), (1, N)]}
+    kb = -(-K // BLOCK)
+    shapes = {"c": [d.shape], "bias": [(N,)], "alpha": [()], "beta": [()], "scale_a": [(), (M, 1), (M, kb)],
+              "scale_b": [(), (1, N), (kb, N)]}
     ops = {}
     for name, v in given.items():
         if v is None:
@@ -109,20 +112,34 @@ def epilogue_operands(d, given: dict) -> dict:
             raise ValueError(f"identify: {name} must have shape " + " or ".join(map(str, shapes[name]))
                              + (" (or broadcast to it)" if name == "c" else "") + f", got {v.shape}")
         ops[name] = v
+    if block_scaled(ops) and not (ops.get("scale_a", np.zeros(())).shape == (M, kb)
+                                  and ops.get("scale_b", np.zeros(())).shape == (kb, N)):
+        raise ValueError(f"identify: block scales along K need both scale_a (M, {kb}) and scale_b ({kb}, N), "
+                         f"one per {BLOCK} elements of K")
     return ops
 
 
-def epilogues_to_try(epilogues, has_c: bool, has_bias: bool, two_scales: bool):
-    """The epilogues identify tries for each schedule."""
+def block_scaled(ops: dict) -> bool:
+    """Whether the scales are block scales along K (several blocks of :data:`BLOCK`; with one
+    block they compute as row-wise scales)."""
+    a, b = ops.get("scale_a"), ops.get("scale_b")
+    return (a is not None and a.ndim == 2 and a.shape[1] > 1) or (b is not None and b.ndim == 2 and b.shape[0] > 1)
+
+
+def epilogues_to_try(epilogues, has_c: bool, has_bias: bool, two_scales: bool, block: bool = False):
+    """The epilogues identify tries for each schedule (``block``: with block scales along K of
+    :data:`BLOCK` elements)."""
     if epilogues is None:
-        return [Epilogue(c=pc, bias=pb, scales=sc) for pc in (PLACES if has_c else PLACES[:1])
-                for pb in (PLACES if has_bias else PLACES[:1]) for sc in (SCALE_ORDERS if two_scales else SCALE_ORDERS[:1])]
+        return [Epilogue(c=pc, bias=pb, scales=sc, scale_block=BLOCK if block else 0)
+                for pc in (PLACES if has_c else PLACES[:1]) for pb in (PLACES if has_bias else PLACES[:1])
+                for sc in (SCALE_ORDERS if two_scales else SCALE_ORDERS[:1])]
     epilogues = list(epilogues)
     if not epilogues or not all(isinstance(e, Epilogue) for e in epilogues):
         raise TypeError(f"identify: epilogues must be a non-empty list of tcemu.Epilogue, got {epilogues!r}")
-    if any(e.scale_block for e in epilogues):
-        raise ValueError("identify: block scales along K (Epilogue.scale_block) are not searched; "
-                         "library_config('torch._scaled_mm', scaling=...) gives cuBLASLt's measured configuration")
+    if any(bool(e.scale_block) != block or e.scale_block not in (0, BLOCK) for e in epilogues):
+        raise ValueError(f"identify: epilogues with scale_block={BLOCK} go with block scales along K (scale_a (M, "
+                         f"K / {BLOCK}), scale_b (K / {BLOCK}, N)), those with scale_block=0 with scalar or row-wise "
+                         "scales")
     return epilogues
 
 
@@ -189,7 +206,7 @@ class Sample:
         res = np.zeros((int(sel.sum()), len(self.ci)), self.D.dtype)
         for x, B in self.Bs.items():
             m = self.bi[sel] == x
-            if m.any() and serial_epilogue(cfg, self.K, self.ops):
+            if m.any() and (serial_epilogue(cfg, self.K, self.ops) or cfg.epilogue.scale_block):
                 ops = {k: jnp.asarray(v) for k, v in self._rows(np.flatnonzero(sel)[m]).items()}
                 res[m] = np.asarray(matmul(jnp.asarray(self.A[sel][m]), jnp.asarray(B), config=cfg, out_type=self.out,
                                            **ops))
@@ -201,7 +218,7 @@ class Sample:
     def evaluate(self, fast, cfg, sel):
         """Per output of the rows ``sel``: whether ``cfg`` reproduces it (the chain evaluators
         ``fast`` first where there are some; a full match is confirmed through ``matmul``)."""
-        if fast is None:
+        if fast is None or cfg.epilogue.scale_block:  # the chain evaluator does not scale blocks
             return _same(self.run(cfg, sel), self.D[sel])
         res = np.zeros(self.D.shape, self.D.dtype)
         for x, ev in fast.items():
