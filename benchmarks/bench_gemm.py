@@ -4,7 +4,8 @@
     python benchmarks/bench_gemm.py --instruction SPELLING [--arch H100] [--k-order sequential]
 
 For each family (an arch and an instruction: every float family and instruction shape, and
-``wgmma-e4m3-block128``, fp8 with DeepSeek-V3-style block scales along K; see ``FAMILIES``) and
+``wgmma-e4m3-block128``, fp8 with DeepSeek-V3-style block scales along K; ``serial4-f16-bias``,
+CUTLASS 2's serial split-K with a bias, whose epilogue runs per slice; see ``FAMILIES``) and
 each size S: an S x S x S product of random normal float32 inputs (quantised by the instruction's
 element type, or its MX / NVFP4 recipe). Two baselines, timed in the same interleaved rounds:
 
@@ -61,8 +62,13 @@ FAMILIES = {
     "NVFP4": ("RTX5090", _FP4.format("mxf4nvf4", "4X", "ue4m3")),
     # fp8 with block scales along K (1x128 for A and B): cuBLASLt's block-scaled Hopper GEMM
     "wgmma-e4m3-block128": ("H100", _E4M3),
+    # CUTLASS 2's serial split-K (cuBLASLt INPLACE, 4 slices) with a bias and f16 output:
+    # F.linear at shapes off a multiple of 8; the epilogue runs once per slice
+    "serial4-f16-bias": ("H100", "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32"),
 }
 BLOCK_SCALED = {"wgmma-e4m3-block128"}
+SERIAL = {"serial4-f16-bias": tcemu.KSchedule(k_tile=32, residue="first", slices=4, slice_align=8,
+                                              reduction="serial", partials="f16")}
 _DTYPES = {"f16": jnp.float16, "bf16": jnp.bfloat16, "e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}
 _SUB_BYTE = ("e2m1", "e3m2", "e2m3")  # no XLA GEMM: e4m3 stands in
 
@@ -71,6 +77,8 @@ def config(name, arch, ins, k_order):
     if name in BLOCK_SCALED:  # promotion every block: each block's partial sum enters with its scales
         return tcemu.GemmConfig(arch=arch, instruction=ins, k_order="promotion", promotion_interval=BLOCK,
                                 epilogue=tcemu.Epilogue(scale_block=BLOCK))
+    if name in SERIAL:
+        return tcemu.GemmConfig(arch=arch, instruction=ins, schedule=SERIAL[name])
     return tcemu.GemmConfig(arch=arch, instruction=ins, k_order=k_order)
 
 
@@ -133,6 +141,9 @@ def main():
                     continue
                 emus[name] = (jax.jit(lambda a, b, sa, sb, cfg=cfg: tcemu.matmul(a, b, scale_a=sa, scale_b=sb,
                                                                                   config=cfg)), (a, b, sa, sb))
+            elif name in SERIAL:  # bias and output type: the epilogue per slice
+                emus[name] = (jax.jit(lambda a, b, bias, cfg=cfg: tcemu.matmul(a, b, bias=bias, out_type="f16",
+                                                                               config=cfg)), (a, b, a[0]))
             else:
                 emus[name] = (jax.jit(lambda a, b, cfg=cfg: tcemu.matmul(a, b, config=cfg)), (a, b))
             label, cast, dot = native_type(cfg)

@@ -180,7 +180,8 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
     of :func:`instructions` (or ``instruction``), or the given ``candidates`` (KSchedules). On
     the CPU backend candidates are checked through the CPU kernel's chains (no compile per
     candidate) and the one returned is confirmed through ``matmul``. 16-bit outputs carry less
-    evidence: more rows separate schedules that differ in a few outputs, and ``library`` (one of
+    evidence: more rows separate schedules that differ in a few outputs (a fit is confirmed on up
+    to 8 times as many of the rows and columns passed before it is returned), and ``library`` (one of
     :data:`tcemu.library_config`'s: "torch.mm", "torch.bmm", "torch._scaled_mm", "jnp.dot")
     tries first what :func:`tcemu.library_config` answers from cuBLAS's records or a rule under
     each of the library's flags (the bare GEMM's configuration, with each epilogue), then the kernel
@@ -216,6 +217,8 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
     ins_list = _instructions(arch, at, bt, instruction)
     ops = epilogue_operands(d, dict(c=c, bias=bias, alpha=alpha, beta=beta, scale_a=scale_a, scale_b=scale_b), K)
     sample = Sample(a, b, d, rows, cols, ops)
+    more = Sample(a, b, d, CONFIRM * rows, CONFIRM * cols, ops)  # what else the user passed, to confirm a fit
+    more = more if more.D.size > sample.D.size else None
     block = block_scaled(ops)
     epis = epilogues_to_try(epilogues, c is not None, bias is not None, scale_a is not None and scale_b is not None,
                             block)
@@ -226,6 +229,19 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
     else:
         hints = _hint_pairs(library, arch, whole, K, (at, bt, ot, hlo), instruction, ks, fast, sample)
         todo = hints + _staged(ins_list, ks, fast, K, (at, bt, ot), prefer)
+    found, scores = _search(todo, ks, fast, (sample, more), epis, block, arch, K, max_seconds)
+    if found is not None:
+        return found
+    scores.sort(key=lambda x: -x[0])
+    lines = "; ".join(f"{f:.1%}: {c.instruction}, {c.schedule.describe()}" for f, c in scores[:5])
+    raise NoMatch(f"identify: none of {len(scores)} candidate configurations reproduces d "
+                  f"({at} x {bt} -> {ot}, K = {K}, {arch}); closest: {lines}", scores[:5])
+
+
+def _search(todo, ks, fast, samples, epis, block: bool, arch: str, K: int, max_seconds: float):
+    """(the first configuration of ``todo`` x ``epis`` that reproduces the sample, confirmed on
+    the larger one where there is one, or None; the (share reproduced, config) of each tried)."""
+    sample, more = samples
     t0, tried, scores = time.time(), set(), []
     for ins, sc in todo:
         k = ks[ins]
@@ -242,15 +258,18 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
             ok = sample.evaluate(fast[ins], cfg, sample.probe)
             if ok.all():
                 ok = sample.evaluate(fast[ins], cfg, np.ones_like(sample.probe))
+            if ok.all() and more is not None:  # several schedules can fit the rows searched
+                ok = more.evaluate(None, cfg, np.ones(len(more.D), bool))
             scores.append((float(ok.mean()), cfg))
             if ok.all():
-                return cfg
+                return cfg, scores
         if time.time() - t0 > max_seconds:
             break
-    scores.sort(key=lambda x: -x[0])
-    lines = "; ".join(f"{f:.1%}: {c.instruction}, {c.schedule.describe()}" for f, c in scores[:5])
-    raise NoMatch(f"identify: none of {len(scores)} candidate configurations reproduces d "
-                  f"({at} x {bt} -> {ot}, K = {K}, {arch}); closest: {lines}", scores[:5])
+    return None, scores
+
+
+# a fit on the rows and columns searched is confirmed on up to this many times as many of those passed
+CONFIRM = 8
 
 
 def _hint_pairs(library, arch, whole, K, types, instruction, ks, fast, sample):
