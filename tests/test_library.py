@@ -247,9 +247,9 @@ def test_library_config_on_every_table_case():
     rows = [r for r in _table()["cases"] if "schedule" in r and r["held_out"] in (1.0, None)]
     # of 1060 captured cases: two fp8 XLA Triton split-K GEMMs (autotuner on) are not reproduced
     assert len(rows) >= 1058
-    # every second case, 8 of the 64 captured rows (CI time; identify_captures.py checked every case
+    # every third case, 8 of the 64 captured rows (CI time; identify_captures.py checked every case
     # on all 64 when it built the table)
-    missed = [r["key"] for r in rows[::2] if not _reproduces(*CASES[(r["arch"], r["lib"], r["key"])], r["arch"],
+    missed = [r["key"] for r in rows[::3] if not _reproduces(*CASES[(r["arch"], r["lib"], r["key"])], r["arch"],
                                                              rows=8)]
     assert not missed
 
@@ -262,14 +262,14 @@ def test_library_config_on_shapes_the_table_has_not_seen():
     # (experiments/hardware/identify_captures.py --check-config): 500 cases of torch and of jnp.dot
     # with XLA's autotuner on, 378 reproduced bit for bit on every captured row (332 from the table
     # alone; the H100's torch cases now from the cuBLAS records, recorded at these shapes); 180
-    # jnp.dot cases with it off, all (the rule library._xla_autotune_off, not the table); 16 rows
-    # here (CI time)
+    # jnp.dot cases with it off, all (the rule library._xla_autotune_off, not the table); here
+    # every second case, 16 rows (CI time): 211 of 250 and 90 of 90 on 2026-11-28
     hits = {"default": [], "autotuner off": []}
-    for (gpu, _, _), (path, case) in sorted(HELD_OUT_CASES.items()):
+    for (gpu, _, _), (path, case) in sorted(HELD_OUT_CASES.items())[::2]:
         off = case["flags"].get("xla_autotune", True) is False
         hits["autotuner off" if off else "default"].append(_reproduces(path, case, gpu, rows=16))
-    assert len(hits["default"]) == 500 and sum(hits["default"]) >= 378, sum(hits["default"])
-    assert len(hits["autotuner off"]) == 180 and sum(hits["autotuner off"]) >= AUTOTUNE_OFF_HELD_OUT, \
+    assert len(hits["default"]) == 250 and sum(hits["default"]) >= 211, sum(hits["default"])
+    assert len(hits["autotuner off"]) == 90 and sum(hits["autotuner off"]) >= AUTOTUNE_OFF_HELD_OUT // 2, \
         sum(hits["autotuner off"])
 
 
