@@ -112,6 +112,26 @@ def test_records_argument(tmp_path):
         tcemu.library_config("torch.mm", M=64, N=64, K=64, strict="yes", **KW)
 
 
+def test_offgrid_rows_answer_nearest_but_make_no_grid_cell(tmp_path):
+    # a grid of 8 corners all running one kernel, and a random-shape row of another kernel inside the cell
+    nvjet, cutlass = ["nvjet_sm90_tst_128x128_64x4_1x2_h_bz_NNT"], ["cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_" \
+                                                                     "bf16_128x64_64x3_nn_align8>"]
+    rows = [dict(_row(nvjet), M=m, N=n, K=k) for m in (256, 1024) for n in (256, 1024) for k in (256, 1024)]
+    rows.append(dict(_row(cutlass), M=504, N=504, K=504, offgrid=True))
+    path = tmp_path / "records.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"header": {"gpu": "NVIDIA H100 80GB HBM3"}, "cases": rows}, f)
+
+    def ask(M, N, K):
+        row, source = R.lookup(str(path), "torch.mm", None, M, N, K, "bf16", "bf16", "bf16", {})
+        return row["kernels"], source
+
+    assert ask(504, 504, 504) == (cutlass, "recorded")
+    assert ask(520, 504, 504) == (nvjet, "rule")  # the corners agree: the random row is not a corner
+    assert ask(520, 504, 2048) == (cutlass, "nearest")  # outside every cell: the nearest row, off the grid or not
+    assert ask(2000, 2000, 2000) == (nvjet, "nearest")
+
+
 def _row(kernels, S=1, scheme=None, a="bf16", out="bf16", lib="torch.mm"):
     algo = {"algoId": 66} | ({"numSplitsK": S, "reductionScheme": scheme} if S > 1 else {})
     return dict(lib=lib, batch=None, M=64, N=64, K=777, a=a, b=a, out=out, flags={}, kernels=kernels,

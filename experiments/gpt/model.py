@@ -42,16 +42,17 @@ SIZES = {"tiny": GPTConfig(context=64, d_model=64, heads=2, layers=2),
          "small": GPTConfig(context=128, d_model=128, heads=4, layers=2)}
 
 _embed_init = nnx.initializers.normal(0.02)
+F32 = {"param_dtype": jnp.float32}  # a float32 model with jax_enable_x64 on too
 
 
 class Attention(nnx.Module):
     def __init__(self, cfg: GPTConfig, rngs: nnx.Rngs):
         self.cfg = cfg
         d = cfg.d_model
-        self.query = nnx.Linear(d, d, rngs=rngs)
-        self.key = nnx.Linear(d, d, rngs=rngs)
-        self.value = nnx.Linear(d, d, rngs=rngs)
-        self.out = nnx.Linear(d, d, rngs=rngs)
+        self.query = nnx.Linear(d, d, rngs=rngs, **F32)
+        self.key = nnx.Linear(d, d, rngs=rngs, **F32)
+        self.value = nnx.Linear(d, d, rngs=rngs, **F32)
+        self.out = nnx.Linear(d, d, rngs=rngs, **F32)
 
     def __call__(self, x):
         b, t, _ = x.shape
@@ -68,11 +69,11 @@ class Attention(nnx.Module):
 class Block(nnx.Module):
     def __init__(self, cfg: GPTConfig, rngs: nnx.Rngs):
         d = cfg.d_model
-        self.ln1 = nnx.LayerNorm(d, rngs=rngs)
+        self.ln1 = nnx.LayerNorm(d, rngs=rngs, **F32)
         self.attn = Attention(cfg, rngs)
-        self.ln2 = nnx.LayerNorm(d, rngs=rngs)
-        self.fc = nnx.Linear(d, cfg.mlp_ratio * d, rngs=rngs)
-        self.proj = nnx.Linear(cfg.mlp_ratio * d, d, rngs=rngs)
+        self.ln2 = nnx.LayerNorm(d, rngs=rngs, **F32)
+        self.fc = nnx.Linear(d, cfg.mlp_ratio * d, rngs=rngs, **F32)
+        self.proj = nnx.Linear(cfg.mlp_ratio * d, d, rngs=rngs, **F32)
 
     def __call__(self, x):
         x = x + self.attn(self.ln1(x))
@@ -82,8 +83,8 @@ class Block(nnx.Module):
 class GPT(nnx.Module):
     def __init__(self, cfg: GPTConfig, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.tokens = nnx.Embed(cfg.vocab, cfg.d_model, embedding_init=_embed_init, rngs=rngs)
-        self.positions = nnx.Param(_embed_init(rngs.params(), (cfg.context, cfg.d_model)))
+        self.tokens = nnx.Embed(cfg.vocab, cfg.d_model, embedding_init=_embed_init, rngs=rngs, **F32)
+        self.positions = nnx.Param(_embed_init(rngs.params(), (cfg.context, cfg.d_model), jnp.float32))
 
         @nnx.split_rngs(splits=cfg.layers)
         @nnx.vmap(in_axes=(0,), out_axes=0)
@@ -94,8 +95,8 @@ class GPT(nnx.Module):
             self.blocks = stack(rngs)  # parameters with a leading layer axis
         else:
             self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.layers)])
-        self.ln_f = nnx.LayerNorm(cfg.d_model, rngs=rngs)
-        self.head = nnx.Linear(cfg.d_model, cfg.vocab, rngs=rngs)
+        self.ln_f = nnx.LayerNorm(cfg.d_model, rngs=rngs, **F32)
+        self.head = nnx.Linear(cfg.d_model, cfg.vocab, rngs=rngs, **F32)
 
     def __call__(self, tokens):
         x = self.tokens(tokens) + self.positions[: tokens.shape[1]]

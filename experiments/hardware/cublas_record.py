@@ -7,14 +7,18 @@ the torch profiler), over the default grid and at the shapes of the committed to
         OUTDIR/cublas_records_h100.json.gz OUTDIR/cublas_records_h100_captures.json.gz \
         tests/data/cublas_records_h100_fresh.json.gz tests/data/cublas_records_h100_fresh2.json.gz
     python experiments/hardware/cublas_record.py --compact --merge tcemu/_src/data/cublas_records_h200.json.gz \
-        OUTDIR/cublas_records_h200.json.gz OUTDIR/cublas_records_h200_captures.json.gz
+        OUTDIR/cublas_records_h200.json.gz OUTDIR/cublas_records_h200_captures.json.gz \
+        --offgrid tests/data/cublas_records_h200_random20261128.json.gz \
+        tests/data/cublas_records_h200_random20261129.json.gz
 
 Writes ``OUTDIR/cublas_records_<gpu>.json.gz`` (``tcemu._src.record.default_cases``: the grid
 shipped in ``tcemu/_src/data``) and ``OUTDIR/cublas_records_<gpu>_captures.json.gz`` (every
 lib of ``tcemu.record`` at each shape of ``tests/data/{library,layer}_gemm_*torch*.npz``, every
 type and flag: the records the captures' bits check). ``--merge``: the file shipped in
 ``tcemu/_src/data``, the grid with the records at the captured shapes (those of the fresh
-capture included, ``python -m tcemu record ... --shapes``: see ``README.md``).
+capture included, ``python -m tcemu record ... --shapes``: see ``README.md``); ``--offgrid``:
+files of random shapes merged too, their rows marked ``"offgrid"`` (``library_config`` answers
+"nearest" from them but builds no grid cell of them: ``library_records.lookup``).
 """
 from __future__ import annotations
 
@@ -81,22 +85,25 @@ def random_shapes(seed: int, count: int) -> list[tuple[int, int, int]]:
     return sorted(out)
 
 
-def merge(out: str, inputs: list[str], compact: bool = False) -> None:
+def merge(out: str, inputs: list[str], compact: bool = False, offgrid: list[str] = ()) -> None:
     """One record file from several of one GPU (the first's header; later rows replace earlier
     ones of the same case), each input's header kept under ``"parts"``; ``compact``: each call
     keeps its function and algorithm only (what ``library_config`` reads), not the matrix and
-    compute descriptors (the file shipped in ``tcemu/_src/data``: half the size)."""
+    compute descriptors, and each kernel its name without its parameter list (the file shipped in ``tcemu/_src/data``: half the size); the rows of
+    ``offgrid`` (merged after ``inputs``) are marked ``"offgrid": true``."""
     import gzip
 
     headers, rows = [], {}
-    for path in inputs:
+    for path in [*inputs, *offgrid]:
         with gzip.open(path, "rt") as f:
             data = json.load(f)
-        h = data["header"]  # a merged file brings the headers of its parts
-        headers += [p for p in h["parts"]] if h.get("parts") else [dict(h, file=Path(path).name)]
+        h, off = data["header"], path in offgrid  # a merged file brings the headers of its parts
+        headers += [p for p in h["parts"]] if h.get("parts") else [dict(h, file=Path(path).name, offgrid=off)]
         for r in data["cases"]:
+            r = dict(r, offgrid=True) if off else r
             if compact and r.get("calls"):
-                r = dict(r, calls=[{"fn": c.get("fn"), "algo": c.get("algo", {})} for c in r["calls"]])
+                r = dict(r, calls=[{"fn": c.get("fn"), "algo": c.get("algo", {})} for c in r["calls"]],
+                         kernels=[k.split("(")[0] for k in r.get("kernels", [])])
             rows[json.dumps([r["lib"], r["batch"], r["M"], r["N"], r["K"], r["a"], r["b"], r["out"],
                              sorted(r["flags"].items())])] = r
     if len({h["gpu"] for h in headers}) != 1:
@@ -104,13 +111,15 @@ def merge(out: str, inputs: list[str], compact: bool = False) -> None:
     with gzip.open(out, "wt", compresslevel=9) as f:
         first = {k: v for k, v in headers[0].items() if k != "file"}
         json.dump({"header": dict(first, parts=headers), "cases": list(rows.values())}, f, separators=(",", ":"))
-    print(f"wrote {out}: {len(rows)} cases from {len(inputs)} files")
+    print(f"wrote {out}: {len(rows)} cases from {len(inputs) + len(offgrid)} files")
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--merge", nargs="+", metavar=("OUT", "IN"), help="merge record files of one GPU into OUT")
     p.add_argument("--compact", action="store_true", help="with --merge: keep each call's algorithm only")
+    p.add_argument("--offgrid", nargs="+", default=[], metavar="IN",
+                   help="with --merge: record files of random shapes, used for 'nearest' answers only")
     p.add_argument("--out")
     p.add_argument("--quick", action="store_true", help="a few shapes of the grid (plumbing check)")
     p.add_argument("--only", choices=("grid", "captures", "random"))
@@ -118,7 +127,7 @@ def main(argv=None):
     p.add_argument("--count", type=int, default=2000, help="--only random: how many shapes")
     args = p.parse_args(argv)
     if args.merge:
-        merge(args.merge[0], args.merge[1:], args.compact)
+        merge(args.merge[0], args.merge[1:], args.compact, args.offgrid)
         return
     if not args.out:
         p.error("--out is required (or --merge)")

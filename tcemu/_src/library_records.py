@@ -36,7 +36,8 @@ from tcemu._src.library import slice_alignment
 
 DATA = Path(__file__).parent / "data"
 # the records shipped per GPU (the H200's differ from the H100's in 18,398 of 119,566 cases: split-K
-# counts and kernels); another GPU: record it with tcemu.record
+# counts and kernels; the H200's also hold 120,400 cases at 4000 random shapes, "offgrid"); another
+# GPU: record it with tcemu.record
 SHIPPED = {"H100": DATA / "cublas_records_h100.json.gz", "H200": DATA / "cublas_records_h200.json.gz"}
 SOURCES = ("recorded", "rule", "nearest")
 SERIAL = "INPLACE"
@@ -163,10 +164,10 @@ def _form(row) -> tuple:
 def lookup(path: str, lib: str, batch, M: int, N: int, K: int, a: str, b: str, out: str, flags: dict):
     """(row, source) for a case from a record file. "recorded": the record of this very case.
     "rule": the rows at the 8 corners of a recorded grid cell around the shape, in its class
-    (:func:`_class`; :func:`_corners`), all give the nearest row's instruction and K schedule:
-    that one. "nearest":
-    otherwise, the row at the least ``|log2 M/M'| + |log2 N/N'| + |log2 K/K'|`` (batch too) of
-    its class. None when the class has no rows."""
+    (:func:`_class`; :func:`_corners`), all give the nearest grid row's instruction and K
+    schedule: that one. "nearest": otherwise, the row at the least ``|log2 M/M'| + |log2 N/N'| +
+    |log2 K/K'|`` (batch too) of its class, off-grid rows included (``"offgrid": true``: shapes
+    recorded at random, which make no grid cells). None when the class has no rows."""
     k = (lib, batch or None, M, N, K, a, b, out, tuple(sorted(flags.items())))
     rows = load(path)[1]
     if k in rows:
@@ -179,17 +180,21 @@ def lookup(path: str, lib: str, batch, M: int, N: int, K: int, a: str, b: str, o
         d = sum(abs(math.log2(v / r[n])) for n, v in (("M", M), ("N", N), ("K", K)))
         return d + (abs(math.log2((batch or 1) / (r["batch"] or 1))))
 
-    best = min(cands, key=lambda r: (dist(r), r["M"] * r["N"] * r["K"]))
+    def nearest(rows):
+        return min(rows, key=lambda r: (dist(r), r["M"] * r["N"] * r["K"]))
+
+    grid = [r for r in cands if not r.get("offgrid")]
+    best = nearest(grid) if grid else None
     corners = _corners(path, _class(k), M, N, K, batch)
-    if corners and len({_form(r) for r in corners}) == 1 and _form(corners[0]) == _form(best):
+    if best is not None and corners and len({_form(r) for r in corners}) == 1 and _form(corners[0]) == _form(best):
         return best, "rule"
-    return best, "nearest"
+    return nearest(cands), "nearest"
 
 
 @functools.lru_cache(maxsize=256)
 def _cell_index(path: str, cls: tuple, batch) -> tuple[dict, tuple]:
-    """(rows by (M, N, K), the sorted recorded M, N and K) of a class's rows of one batch."""
-    same = [r for r in _by_class(path).get(cls, []) if (r["batch"] or None) == batch]
+    """(rows by (M, N, K), the sorted recorded M, N and K) of a class's grid rows of one batch."""
+    same = [r for r in _by_class(path).get(cls, []) if (r["batch"] or None) == batch and not r.get("offgrid")]
     return {(r["M"], r["N"], r["K"]): r for r in same}, tuple(sorted({r[n] for r in same}) for n in "MNK")
 
 
