@@ -213,18 +213,32 @@ def _xla_occupancy(M: int, N: int, batch: int, out_bits: int) -> bool:
     return batch * -(-M // tm) * -(-N // tn) < 660
 
 
+def _xla_types(a: str, b: str, what: str) -> None:
+    if not (a == b in ("f16", "bf16") or {a, b} <= {"e4m3", "e5m2"}):
+        raise ValueError(f"library_config: jnp.dot with {what} takes f16 x f16, bf16 x bf16 or fp8 (e4m3, e5m2) "
+                         f"inputs, got {a} x {b}")
+
+
 def _xla_autotune_off(gpu: str, M: int, N: int, K: int, batch: int | None, a: str, b: str, out: str) -> GemmConfig:
     """jnp.dot with XLA's autotuner off, from XLA's own rules: split-K by :func:`xla_split_k`, K
     padded to S x 16 bytes, slices in k-tiles of the Triton tiling's block_k; the float32 partials
     reduced by XLA's loop emitter (in order) below 32 slices, by its reduction emitter (shuffle
     tree) from 32. fp8 with 16-element k-tiles is widened to f16 exactly and runs the f16 MMA."""
-    if not (a == b in ("f16", "bf16") or {a, b} <= {"e4m3", "e5m2"}):
-        raise ValueError(f"library_config: jnp.dot with xla_autotune=False takes f16 x f16, bf16 x bf16 or fp8 "
-                         f"(e4m3, e5m2) inputs, got {a} x {b}")
+    _xla_types(a, b, "xla_autotune=False")
     S = xla_split_k(M, N, K, batch, a, b, out)
     fused_out = 32 if S > 1 else _bits(out)
     block_k = 16 if _xla_occupancy(M, N, (batch or 1) * S, fused_out) else 64
     return xla_triton_config(gpu, a, b, S, block_k)
+
+
+def _xla_autotune_on(gpu: str, M: int, N: int, K: int, batch: int | None, a: str, b: str, out: str) -> GemmConfig:
+    """jnp.dot with XLA's autotuner on at a shape the table did not measure: a guess. The slice
+    count is the split-K rewriter's (:func:`xla_split_k`: it runs before the autotuner; 559 of 559
+    autotuned captures of the H100 and H200), in 64-element k-tiles (fp8: the wgmma, which every
+    autotuned fp8 Triton GEMM captured ran), the partials reduced by XLA's emitters; the
+    autotuner's choice of kernel (a Triton reduction fusion's tree, cuBLAS) is the process's own."""
+    _xla_types(a, b, "a shape the table lacks")
+    return xla_triton_config(gpu, a, b, xla_split_k(M, N, K, batch, a, b, out), 64)
 
 
 def xla_triton_config(gpu: str, a: str, b: str, S: int, block_k: int, reduction: str | None = None,
@@ -296,6 +310,8 @@ def gemm_config_sourced(lib: str, *, arch: str, M: int, N: int, K: int, a, b, ou
     if lib == "jnp.dot" and not flags["xla_autotune"]:
         return _xla_autotune_off(gpu, M, N, K, batch, a, b, out), "rule"
     best = nearest_row(lib, arch=gpu, M=M, N=N, K=K, a=a, b=b, out=out, batch=batch, **flags)
+    if lib == "jnp.dot" and (best["M"], best["N"], best["K"], best["batch"] or None) != (M, N, K, batch or None):
+        return _xla_autotune_on(gpu, M, N, K, batch, a, b, out), "nearest"
     # a guess even at a measured shape: the table's schedule is one that fits the 64 captured
     # rows, and several can (the H100's records split 512 x 512 x 777 bf16 into 8 slices where
     # the table has 2); jnp.dot with the autotuner on is each process's own choice
