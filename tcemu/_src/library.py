@@ -8,7 +8,8 @@ measured shape of the same library, GPU, types and flags, in its kernel family's
 cuBLAS: nvjet residue last, CUTLASS 2 residue first), where that form gives the same bits at the
 measured shape. ``jnp.dot`` with XLA's GEMM
 autotuner off (``xla_autotune=False``) is answered from XLA's own rules instead, for any shape
-(:func:`xla_split_k`). Otherwise, split-K and its slice count follow
+(:func:`xla_split_k`); with it on, a shape the table lacks takes the rewriter's slice count too
+(:func:`_xla_autotune_on`). Otherwise, split-K and its slice count follow
 from how many output tiles there are to fill the GPU and from K, and cuBLAS runs CUTLASS 2
 kernels when a leading dimension (K of A, N of B and D) is not a multiple of 8 elements, so the
 distance is ``|log2(t / t')| + |log2(K / K')|`` with ``t`` the 128 x 128 output tiles times the
