@@ -234,7 +234,7 @@ def _xla_autotune_off(gpu: str, M: int, N: int, K: int, batch: int | None, a: st
 
 def _xla_autotune_on(gpu: str, M: int, N: int, K: int, batch: int | None, a: str, b: str, out: str) -> GemmConfig:
     """jnp.dot with XLA's autotuner on at a shape the table did not measure: a guess. The slice
-    count is the split-K rewriter's (:func:`xla_split_k`: it runs before the autotuner; 559 of 559
+    count is the split-K rewriter's (:func:`xla_split_k`: it runs before the autotuner; 661 of 661
     autotuned captures of the H100 and H200), in 64-element k-tiles (fp8: the wgmma, which every
     autotuned fp8 Triton GEMM captured ran), the partials reduced by XLA's emitters; the
     autotuner's choice of kernel (a Triton reduction fusion's tree, cuBLAS) is the process's own."""
