@@ -19,7 +19,7 @@ from tcemu._src.isa.sparse import sparse_metadata, sparsify
 from tcemu._src.isa.wgmma import WgmmaDescriptor, wgmma_descriptor
 from tcemu._src import native as _native  # noqa: F401 (registers the compiled kernels)
 from tcemu._src.gemm import Epilogue, GemmConfig, KSchedule, dot_general, einsum, matmul
-from tcemu._src.identify import NoMatch, identify
+from tcemu._src.identify import AmbiguousFit, NoMatch, identify
 from tcemu._src.emulate import GemmOp, Policy, emulate
 from tcemu._src.library import library_versions
 from tcemu._src.library_layers import library_config
@@ -35,6 +35,6 @@ from tcemu._src.studies import ErrorCurve, error_vs_k
 
 __version__ = "0.1.0"
 
-__all__ = ["Arch", "ArchNumerics", "BlockFMA", "BlockQuantized", "Epilogue", "ErrorCurve", "GemmConfig", "GemmOp", "KSchedule", "NoMatch", "Policy", "ProbeResult", "block_quantize", "dot_general", "einsum",
+__all__ = ["AmbiguousFit", "Arch", "ArchNumerics", "BlockFMA", "BlockQuantized", "Epilogue", "ErrorCurve", "GemmConfig", "GemmOp", "KSchedule", "NoMatch", "Policy", "ProbeResult", "block_quantize", "dot_general", "einsum",
            "emulate", "error_vs_k", "get_matrix", "identify", "library_config", "library_versions", "matmul", "memory", "mma", "numerics", "probe", "ptx", "put_matrix",
            "quantize", "record", "regfile", "sparse_metadata", "sparsify", "WgmmaDescriptor", "wgmma_descriptor"]

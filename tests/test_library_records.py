@@ -240,6 +240,30 @@ def test_identify_finds_serial_split_k_with_the_epilogue(key):
     assert np.array_equal(got, d[~seen])
 
 
+def test_identify_says_when_the_rows_fit_several_library_configurations():
+    """torch.mm with split-K off (H100, salt 7, 999 x 777 x 1111 bf16; one k16 chain in an
+    sm90_xmma kernel): the 32 rows seen also fit the default mode's recorded 4-slice CUTLASS 2
+    split, tried first. identify returns it and warns, naming split-K off's configuration, which
+    reproduces the other 32 rows where the one returned misses some."""
+    from identify_layers import _select
+
+    path = DATA / "layer_gemm_h100_torch_splitk_off_heldout_salt7.npz"
+    z, meta = C.load(path)
+    case = next(c for c in meta["cases"] if c.get("key") == "s40")
+    rows, cols, d = z["s40.rows"], z["s40.cols"], z["s40.d"].view(C.NUMPY[case["out"]])
+    ops, seen = epilogue_operands(case, rows, cols), np.arange(len(rows)) < 32
+    a, _, bs = C.crop_operands(case, rows[seen], cols)
+    with pytest.warns(tcemu.AmbiguousFit, match="fit 2 of the library's configurations") as caught:
+        cfg = tcemu.identify(a, bs[0], d[seen], arch="H100", library="torch.mm", shape=(case["M"], case["N"]))
+    (alt,) = next(w.message for w in caught if w.category is tcemu.AmbiguousFit).alternatives
+
+    def held(c):
+        return (emulate(case, rows[~seen], cols, c, _select(ops, ~seen)).view(d.dtype) == d[~seen]).mean()
+
+    assert cfg.schedule.slices == 4 and alt.schedule.slices == 1
+    assert held(cfg) < 1 and held(alt) == 1
+
+
 @pytest.mark.parametrize("key,order", [("l1", "sequential"), ("l3", "product")])  # 1x128 x 1x128; 1x128 x 128x128
 def test_identify_finds_block_scales_along_k(key, order):
     """identify given DeepSeek-V3 block scales (scale_a (M, K / 128), scale_b (K / 128, N)) on 32

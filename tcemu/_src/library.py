@@ -187,7 +187,7 @@ def xla_split_k(M: int, N: int, K: int, batch: int | None, a: str, b: str, out: 
     4
     """
     wc, wm, wr, launch = _XLA_WEIGHTS
-    B = batch or 1
+    M, N, K, B = int(M), int(N), int(K), int(batch or 1)  # Python ints: numpy's overflow at huge shapes
     mt, nt = min(M, 128), min(N, 128)
     best = None
     for S in _XLA_SPLITS:

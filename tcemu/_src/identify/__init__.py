@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import time
+import warnings
 
 import ml_dtypes
 import numpy as np
@@ -23,8 +24,9 @@ from tcemu._src.arch import resolve
 from tcemu._src.gemm import GemmConfig, KSchedule
 from tcemu._src.gemm.config import instruction as parse_instruction
 from tcemu._src.gemm.schedule import REDUCTIONS
+from tcemu._src.identify.arguments import check_candidates, check_operands, check_seconds
 from tcemu._src.identify.hints import hints as _hints, prefer as _prefer, whole_shape as _shape
-from tcemu._src.identify.sample import (BLOCK, INPUT_TYPES, OUTPUT_TYPES, Sample, block_scaled, epilogue_operands,
+from tcemu._src.identify.sample import (BLOCK, Sample, block_scaled, epilogue_operands,
                                         epilogues_to_try)
 from tcemu._src.isa.targets import check_arch
 from tcemu._src.library import slice_alignment
@@ -210,8 +212,8 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
     (True, 'k-tile 32, residue first')
     """
     a, b, d = np.asarray(a), np.asarray(b), np.asarray(d)
-    at, bt, ot = _check(a, b, d, arch, rows, cols)
-    max_seconds, candidates = _seconds(max_seconds), _candidates(candidates)
+    at, bt, ot = check_operands(a, b, d, arch, rows, cols)
+    max_seconds, candidates = check_seconds(max_seconds), check_candidates(candidates)
     K, whole = a.shape[-1], _shape(shape, a, b)
     prefer = _prefer(library, K, whole[2], at, bt)
     ins_list = _instructions(arch, at, bt, instruction)
@@ -231,6 +233,8 @@ def identify(a, b, d, *, arch: str, rows: int = 32, cols: int = 64, instruction:
         todo = hints + _staged(ins_list, ks, fast, K, (at, bt, ot), prefer)
     found, scores = _search(todo, ks, fast, (sample, more), epis, block, arch, K, max_seconds)
     if found is not None:
+        if candidates is None and hlo is None:  # the compiled module says what ran
+            _warn_if_ambiguous(found, hints, ks, fast, (sample, more), K)
         return found
     scores.sort(key=lambda x: -x[0])
     lines = "; ".join(f"{f:.1%}: {c.instruction}, {c.schedule.describe()}" for f, c in scores[:5])
@@ -272,6 +276,50 @@ def _search(todo, ks, fast, samples, epis, block: bool, arch: str, K: int, max_s
 CONFIRM = 8
 
 
+class AmbiguousFit(UserWarning):
+    """identify's answer is one of several configurations the library runs (its records and rules
+    under each of its flags, :func:`~tcemu._src.identify.hints.hints`) that reproduce every row
+    and column passed; ``alternatives`` lists the others. Rows the answer and an alternative give
+    differently would decide: pass more rows of ``a`` and ``d``.
+
+    >>> import tcemu
+    >>> w = tcemu.AmbiguousFit("identify: ...", alternatives=[])
+    >>> isinstance(w, UserWarning), w.alternatives
+    (True, [])
+    """
+
+    def __init__(self, message, alternatives):
+        super().__init__(message)
+        self.alternatives = alternatives
+
+
+def _warn_if_ambiguous(found, hints, ks, fast, samples, K: int) -> None:
+    """Warn (:class:`AmbiguousFit`) where another of the library's configurations, with ``found``'s
+    epilogue, reproduces all the rows searched and those it was confirmed on too."""
+    sample, more = samples
+    seen, others = {(found.instruction, _signature(found.schedule, K, ks[found.instruction]))}, []
+    for ins, sc in hints:
+        sig = (ins, _signature(sc, K, ks[ins]))
+        if sig in seen:
+            continue
+        seen.add(sig)
+        try:
+            sc.check(ks[ins])
+            cfg = GemmConfig(arch=found.arch, instruction=ins, schedule=sc, epilogue=found.epilogue)
+        except ValueError:  # not with this epilogue (block scales: promotion inside the blocks)
+            continue
+        if sample.evaluate(fast[ins], cfg, np.ones_like(sample.probe)).all() and (
+                more is None or more.evaluate(None, cfg, np.ones(len(more.D), bool)).all()):
+            others.append(cfg)
+    if others:
+        rows = len((more or sample).D)
+        listed = "; ".join(f"{c.instruction}, {c.schedule.describe()}" for c in others)
+        warnings.warn(AmbiguousFit(f"identify: the {rows} rows of d searched fit {len(others) + 1} of the library's "
+                                   f"configurations: {found.instruction}, {found.schedule.describe()} (returned); "
+                                   f"{listed}. Rows where they differ would decide: pass more rows of a and d",
+                                   others), stacklevel=3)
+
+
 def _hint_pairs(library, arch, whole, K, types, instruction, ks, fast, sample):
     """(instruction, schedule) of :func:`~tcemu._src.identify.hints.hints` (``instruction`` only,
     if given); their instructions join ``ks`` and ``fast``."""
@@ -291,57 +339,6 @@ def _staged(ins_list, ks, fast, K, types, prefer):
     staged = [(st, i, ins, sc) for i, ins in enumerate(ins_list)
               for st, sc in schedules(K, ks[ins], *types, first[ins])]
     return [(ins, sc) for st, i, ins, sc in sorted(staged, key=lambda x: (fast[x[2]] is None, x[0], x[1]))]
-
-
-def _check(a, b, d, arch, rows, cols):
-    """identify's arguments checked; the input and output type names."""
-    resolve(arch)
-    for name, x, table in (("a", a, INPUT_TYPES), ("b", b, INPUT_TYPES), ("d", d, OUTPUT_TYPES)):
-        if x.dtype not in table:
-            raise TypeError(f"identify: {name} must have dtype {', '.join(t.name for t in table)}, got {x.dtype}")
-    if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
-        raise ValueError(f"identify: needs a (..., M, K) and b (..., K, N), got {a.shape} and {b.shape}")
-    try:
-        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    except ValueError:
-        raise ValueError(f"identify: the batch axes of a {a.shape} and b {b.shape} do not broadcast "
-                         f"({a.shape[:-2]} vs {b.shape[:-2]}): give one batch size, or 1 / none for one side") from None
-    out_shape = batch + (a.shape[-2], b.shape[-1])
-    if d.shape != out_shape:
-        raise ValueError(f"identify: d must have shape {out_shape} (a @ b), got {d.shape}")
-    if a.shape[-1] == 0:
-        raise ValueError("identify: K = 0 leaves nothing to identify")
-    if 0 in out_shape:
-        raise ValueError(f"identify: d of shape {out_shape} is empty: nothing to identify")
-    for name, v in (("rows", rows), ("cols", cols)):
-        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"identify: {name} must be a positive integer, got {v!r}")
-    return INPUT_TYPES[a.dtype], INPUT_TYPES[b.dtype], OUTPUT_TYPES[d.dtype]
-
-
-def _seconds(v) -> float:
-    """``max_seconds`` checked: a number >= 0."""
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
-        raise TypeError(f"identify: max_seconds must be a number of seconds (int or float), got {v!r}")
-    if not v >= 0:
-        raise ValueError(f"identify: max_seconds must be >= 0, got {v!r}")
-    return float(v)
-
-
-def _candidates(candidates):
-    """``candidates`` checked: None or a non-empty list of KSchedules."""
-    if candidates is None:
-        return None
-    what = "identify: candidates must be None or a non-empty list of tcemu.KSchedule"
-    if isinstance(candidates, (str, bytes, KSchedule)) or not hasattr(candidates, "__iter__"):
-        raise TypeError(f"{what}, got {candidates!r}")
-    out = list(candidates)
-    bad = [c for c in out if not isinstance(c, KSchedule)]
-    if bad:
-        raise TypeError(f"{what}, got {bad[0]!r} ({type(bad[0]).__name__}) in it")
-    if not out:
-        raise ValueError(f"{what}, got an empty one")
-    return out
 
 
 def _instructions(arch, at: str, bt: str, given) -> list[str]:

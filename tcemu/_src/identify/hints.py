@@ -30,11 +30,16 @@ def prefer(library, K: int, N: int, at: str, bt: str):
     return "xla" if library == "jnp.dot" else None
 
 
-# library_config's flag settings identify tries for each library (its records and rules)
-_HINT_FLAGS = {"torch.mm": ({"reduced_precision_reduction": True}, {"reduced_precision_reduction": False}),
-               "torch.bmm": ({"reduced_precision_reduction": True}, {"reduced_precision_reduction": False}),
-               "torch._scaled_mm": ({"use_fast_accum": False}, {"use_fast_accum": True}),
-               "jnp.dot": ({"xla_autotune": False},)}
+# the library_config calls identify tries for each library (its records and rules): the library
+# under each flag setting, and torch.mm with split-K off (torch.matmul's preset, allow_splitk=False)
+_HINT_CALLS = {"torch.mm": (("torch.mm", {"reduced_precision_reduction": True}),
+                            ("torch.mm", {"reduced_precision_reduction": False}),
+                            ("torch.matmul", {"allow_splitk": False})),
+               "torch.bmm": (("torch.bmm", {"reduced_precision_reduction": True}),
+                             ("torch.bmm", {"reduced_precision_reduction": False})),
+               "torch._scaled_mm": (("torch._scaled_mm", {"use_fast_accum": False}),
+                                    ("torch._scaled_mm", {"use_fast_accum": True})),
+               "jnp.dot": (("jnp.dot", {"xla_autotune": False}),)}
 
 
 def whole_shape(shape, a, b):
@@ -57,18 +62,18 @@ def whole_shape(shape, a, b):
 def hints(library, arch, shape, K, at, bt, ot, hlo=None) -> list[GemmConfig]:
     """What ``library_config`` answers for this case from cuBLAS's records, a rule or (jnp.dot,
     ``hlo`` given) the compiled module (not a nearest-shape guess), under each of the library's
-    flag settings: the configurations identify tries first. None where ``library_config`` has no
+    flag settings (torch.mm: split-K off too): the configurations identify tries first. None where ``library_config`` has no
     answer (another GPU, type)."""
     from tcemu._src.library_layers import library_config
 
     if library is None:
         return []
     batch, M, N = shape
-    settings = (({"hlo": hlo},) if hlo is not None and library == "jnp.dot" else ()) + _HINT_FLAGS[library]
+    calls = ((("jnp.dot", {"hlo": hlo}),) if hlo is not None and library == "jnp.dot" else ()) + _HINT_CALLS[library]
     out = []
-    for flags in settings:
+    for lib, flags in calls:
         try:
-            cfg, source = library_config(library, arch=arch, M=M, N=N, K=K, a=at, b=bt, out=ot, batch=batch,
+            cfg, source = library_config(lib, arch=arch, M=M, N=N, K=K, a=at, b=bt, out=ot, batch=batch,
                                          with_source=True, **flags)
         except (ValueError, TypeError):
             continue
