@@ -4,7 +4,7 @@
     >>> import numpy as np
     >>> from tcemu._src.identify.hints import hints
     >>> [c.schedule.slices for c in hints("torch.mm", "H100", (None, 160, 160), 12288, "bf16", "bf16", "bf16")]
-    [5]
+    [5, 1]
 """
 from __future__ import annotations
 
