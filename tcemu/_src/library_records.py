@@ -152,6 +152,12 @@ def _by_class(path: str) -> dict:
     return out
 
 
+@functools.lru_cache(maxsize=8)
+def _grid_by_class(path: str) -> dict:
+    """:func:`_by_class` without the off-grid rows (those make no grid cell)."""
+    return {c: [r for r in rows if not r.get("offgrid")] for c, rows in _by_class(path).items()}
+
+
 def _form(row) -> tuple:
     """What decides a row's bits: (the instruction's k, the K schedule); ("simt",) where tcemu
     does not emulate the kernel."""
@@ -183,7 +189,7 @@ def lookup(path: str, lib: str, batch, M: int, N: int, K: int, a: str, b: str, o
     def nearest(rows):
         return min(rows, key=lambda r: (dist(r), r["M"] * r["N"] * r["K"]))
 
-    grid = [r for r in cands if not r.get("offgrid")]
+    grid = _grid_by_class(path)[_class(k)]
     best = nearest(grid) if grid else None
     corners = _corners(path, _class(k), M, N, K, batch)
     if best is not None and corners and len({_form(r) for r in corners}) == 1 and _form(corners[0]) == _form(best):
@@ -194,7 +200,7 @@ def lookup(path: str, lib: str, batch, M: int, N: int, K: int, a: str, b: str, o
 @functools.lru_cache(maxsize=256)
 def _cell_index(path: str, cls: tuple, batch) -> tuple[dict, tuple]:
     """(rows by (M, N, K), the sorted recorded M, N and K) of a class's grid rows of one batch."""
-    same = [r for r in _by_class(path).get(cls, []) if (r["batch"] or None) == batch and not r.get("offgrid")]
+    same = [r for r in _grid_by_class(path).get(cls, []) if (r["batch"] or None) == batch]
     return {(r["M"], r["N"], r["K"]): r for r in same}, tuple(sorted({r[n] for r in same}) for n in "MNK")
 
 
