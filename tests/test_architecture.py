@@ -22,7 +22,7 @@ LAYERS = [
     ("value", ["tcemu._src.api", "tcemu._src.api_mfma"]),
     ("gemm", ["tcemu._src.gemm"]),
     ("tools", ["tcemu._src.identify", "tcemu._src.library", "tcemu._src.library_layers", "tcemu._src.library_records",
-               "tcemu._src.library_xla",
+               "tcemu._src.library_fit", "tcemu._src.library_xla",
                "tcemu._src.record", "tcemu._src.captures", "tcemu._src.studies",
                "tcemu._src.probe", "tcemu._src.probe_amd", "tcemu._src.probe_box", "tcemu._src.draw", "tcemu._src.emulate"]),
     ("face", ["tcemu"]),

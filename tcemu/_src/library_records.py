@@ -31,6 +31,7 @@ import math
 import re
 from pathlib import Path
 
+from tcemu._src import library_fit
 from tcemu._src.gemm import GemmConfig, KSchedule
 from tcemu._src.library import slice_alignment
 
@@ -171,9 +172,11 @@ def lookup(path: str, lib: str, batch, M: int, N: int, K: int, a: str, b: str, o
     """(row, source) for a case from a record file. "recorded": the record of this very case.
     "rule": the rows at the 8 corners of a recorded grid cell around the shape, in its class
     (:func:`_class`; :func:`_corners`), all give the nearest grid row's instruction and K
-    schedule: that one. "nearest": otherwise, the row at the least ``|log2 M/M'| + |log2 N/N'| +
-    |log2 K/K'|`` (batch too) of its class, off-grid rows included (``"offgrid": true``: shapes
-    recorded at random, which make no grid cells). None when the class has no rows."""
+    schedule: that one. "nearest": otherwise, for the shipped records, the kernel and algorithm
+    the decision tree fitted on them gives (:mod:`~tcemu._src.library_fit`; the row returned is
+    marked ``"fitted": true``); for other records, the row at the least ``|log2 M/M'| + |log2
+    N/N'| + |log2 K/K'|`` (batch too) of its class, off-grid rows included (``"offgrid": true``:
+    shapes recorded at random, which make no grid cells). None when the class has no rows."""
     k = (lib, batch or None, M, N, K, a, b, out, tuple(sorted(flags.items())))
     rows = load(path)[1]
     if k in rows:
@@ -194,6 +197,11 @@ def lookup(path: str, lib: str, batch, M: int, N: int, K: int, a: str, b: str, o
     corners = _corners(path, _class(k), M, N, K, batch)
     if best is not None and corners and len({_form(r) for r in corners}) == 1 and _form(corners[0]) == _form(best):
         return best, "rule"
+    fit = library_fit.fitted_path(path, SHIPPED)
+    template = library_fit.predict(fit, _class(k), M, N, K, batch) if fit else None
+    if template is not None:
+        return dict(template, lib=lib, batch=batch or None, M=M, N=N, K=K, a=a, b=b, out=out, flags=dict(flags),
+                    fitted=True), "nearest"
     return nearest(cands), "nearest"
 
 

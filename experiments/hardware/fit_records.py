@@ -1,0 +1,132 @@
+"""Fit the decision trees ``library_config`` answers unrecorded shapes with
+(``tcemu/_src/library_fit.py``) on a GPU's shipped records and its development random sets.
+
+    pip install scikit-learn   # development only: tcemu reads the trees without it
+    python experiments/hardware/fit_records.py tcemu/_src/data/cublas_fit_h200.json.gz \
+        tcemu/_src/data/cublas_records_h200.json.gz \
+        tests/data/cublas_records_h200_random20261201.json.gz tests/data/cublas_records_h200_random20261202.json.gz
+
+Groups: record classes (``library_records._class`` without the alignment) of one input type,
+output type and batching whose records agree on every one of at least 1000 shapes recorded for
+both (the random sets: e.g. torch.mm with reduced-precision reduction and torch.addmm with a
+full C) are fitted together. Label: a row's form (``library_records._form``), whether its kernel
+adds C after the rounding (``_badd_``) and its split-K reduction scheme; each label keeps the
+first row (by shape) that has it as its template. One ``DecisionTreeClassifier`` (entropy,
+grown fully, ``random_state=0``) per group on ``library_fit.features``. The trees written are
+checked to give scikit-learn's own predictions through ``library_fit.predict`` on every row.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+from sklearn import __version__ as sklearn_version
+from sklearn.tree import DecisionTreeClassifier
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+from tcemu._src import library_fit as F  # noqa: E402
+from tcemu._src import library_records as R  # noqa: E402
+
+
+def read(paths):
+    header, rows = None, {}
+    for p in paths:
+        with gzip.open(p, "rt") as f:
+            data = json.load(f)
+        header = header or data["header"]
+        for r in data["cases"]:
+            if r.get("calls") and r.get("kernels"):
+                rows[R.key(r)] = r
+    return header, list(rows.values())
+
+
+def label(r) -> str:
+    return json.dumps([str(R._form(r)), "_badd_" in " ".join(r["kernels"]), R.algo(r).get("reductionScheme")])
+
+
+def groups(rows) -> dict:
+    """Class string -> group number (:func:`library_fit.group_key`)."""
+    forms = defaultdict(dict)
+    for r in rows:
+        if r.get("offgrid"):
+            forms[F.group_key(R._class(R.key(r)))][(r["batch"], r["M"], r["N"], r["K"])] = label(r)
+    kind = {F.group_key(R._class(R.key(r))): (r["a"], r["b"], r["out"], bool(r["batch"])) for r in rows}
+    heads, out = [], {}
+    for c in sorted(kind):
+        for i, h in enumerate(heads):
+            shared = set(forms[c]) & set(forms[h])
+            if kind[c] == kind[h] and len(shared) >= 1000 and all(forms[c][s] == forms[h][s] for s in shared):
+                out[c] = i
+                break
+        else:
+            out[c] = len(heads)
+            heads.append(c)
+    return out
+
+
+def export(model, templates: dict) -> dict:
+    t = model.tree_
+    leaf = [templates[model.classes_[int(np.argmax(v))]] if t.children_left[i] < 0 else -1
+            for i, v in enumerate(t.value)]
+    return {"feature": [int(f) if t.children_left[i] >= 0 else -1 for i, f in enumerate(t.feature)],
+            "threshold": [float(v) if t.children_left[i] >= 0 else 0.0 for i, v in enumerate(t.threshold)],
+            "left": [int(v) for v in t.children_left], "right": [int(v) for v in t.children_right], "leaf": leaf}
+
+
+def fit(out: str, paths: list[str]) -> None:
+    header, rows = read(paths)
+    sms = int(header["sms"])
+    group = groups(rows)
+    rows.sort(key=lambda r: (r["batch"] or 0, r["M"], r["N"], r["K"], json.dumps(R.key(r))))
+    templates, template_index = [], {}
+    for r in rows:
+        if label(r) not in template_index:
+            template_index[label(r)] = len(templates)
+            templates.append({"kernels": r["kernels"], "calls": [{"fn": c.get("fn"), "algo": c.get("algo", {})}
+                                                               for c in r["calls"]]})
+    members = defaultdict(list)
+    for r in rows:
+        members[group[F.group_key(R._class(R.key(r)))]].append(r)
+    trees = []
+    for g in range(len(members)):
+        rs = members[g]
+        X = np.stack([F.features(r["M"], r["N"], r["K"], r["batch"], R._class(R.key(r))[-1], sms) for r in rs])
+        model = DecisionTreeClassifier(criterion="entropy", random_state=0).fit(X, [label(r) for r in rs])
+        trees.append(export(model, template_index))
+        print(f"group {g}: {len(rs)} rows, {model.tree_.node_count} nodes, {len(model.classes_)} labels")
+        members[g] = (rs, model.predict(X))
+    fitted = {"header": {"gpu": header["gpu"], "sms": sms, "sklearn": sklearn_version,
+                         "records": [Path(p).name for p in paths], "features": list(F.FEATURES)},
+              "groups": group, "trees": trees, "templates": templates}
+    with gzip.open(out, "wt", compresslevel=9) as f:
+        json.dump(fitted, f, separators=(",", ":"))
+    tmp = str(Path(tempfile.mkdtemp()) / "fit.json.gz")
+    with gzip.open(tmp, "wt") as f:
+        json.dump(fitted, f)
+    for g, (rs, want) in members.items():
+        for r, w in zip(rs, want):
+            got = F.predict(tmp, R._class(R.key(r)), r["M"], r["N"], r["K"], r["batch"])
+            if label(dict(r, **got)) != w:
+                raise SystemExit(f"the exported tree of group {g} differs from scikit-learn's at {R.key(r)}")
+    right = sum(label(r) == w for rs, want in members.values() for r, w in zip(rs, want))
+    print(f"wrote {out}: {len(trees)} trees, {len(templates)} templates; exported = scikit-learn on all "
+          f"{len(rows)} rows; the fit reproduces {right} of them")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out")
+    p.add_argument("records", nargs="+", help="the shipped records file first, then development random sets")
+    args = p.parse_args(argv)
+    fit(args.out, args.records)
+
+
+if __name__ == "__main__":
+    main()

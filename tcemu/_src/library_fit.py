@@ -1,0 +1,73 @@
+"""cuBLAS's choice at a shape its records do not hold, from a decision tree fitted on them.
+
+cuBLAS picks a kernel and a split-K count by a heuristic of the GPU that tcemu cannot restate.
+``experiments/hardware/fit_records.py`` fits one decision tree (scikit-learn's CART, at
+development time only) per group of record classes (:func:`library_records._class` without the
+alignment: classes whose records agree on every shape recorded for both are one group) on the
+shipped records, the grid and the shapes recorded at random; the tree maps a shape's
+:func:`features` to what decides the bits (the instruction's k, the K schedule) and the kernel
+the epilogue follows (a record row of that form: its kernels and algorithm). The trees ship in
+``data/cublas_fit_<gpu>.json.gz`` beside the records they were fitted on; measured on shapes
+recorded after the fit in ``experiments/hardware/README.md``.
+"""
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+
+FEATURES = ("M", "N", "K", "batch", "MNK", "MN", "tiles 64x64", "tiles 128x128", "tiles 128x64", "tiles 256x128",
+            "K / tiles 64x64", "K / tiles 128x128", "k-tiles of 64", "N mod 8", "K mod 8", "N mod 2", "K mod 2",
+            "M mod 8", "MNK / (tiles 64x64 * SMs)", "alignment")
+
+
+def group_key(cls: tuple) -> str:
+    """A record class (:func:`library_records._class`) without its alignment, as a string."""
+    lib, batch, a, b, out, flags, _ = cls
+    return json.dumps([lib, bool(batch), a, b, out, [list(f) for f in flags]])
+
+
+def features(M: int, N: int, K: int, batch, align: int, sms: int) -> np.ndarray:
+    """The tree's inputs (:data:`FEATURES`) as float32, as scikit-learn compares them: products
+    and quotients of the shape's integers, each one IEEE operation (the same bits everywhere)."""
+    def tiles(tm, tn):
+        return -(-M // tm) * -(-N // tn)
+
+    t64, t128 = tiles(64, 64), tiles(128, 128)
+    x = [M, N, K, batch or 1, float(M * N * K), float(M * N), t64, t128, tiles(128, 64), tiles(256, 128),
+         K / t64, K / t128, -(-K // 64), N % 8, K % 8, N % 2, K % 2, M % 8, M * N * K / (t64 * float(sms)), align]
+    return np.asarray(x, dtype=np.float64).astype(np.float32)
+
+
+@functools.lru_cache(maxsize=4)
+def load(path: str) -> dict:
+    """The fitted trees of ``path``: header, groups (class string -> tree), trees, templates."""
+    with gzip.open(path, "rt") as f:
+        return json.load(f)
+
+
+def predict(path: str, cls: tuple, M: int, N: int, K: int, batch) -> dict | None:
+    """The template row (kernels and algorithm) the fitted tree gives a shape of class ``cls``,
+    or None where no tree was fitted for the class."""
+    fit = load(path)
+    g = fit["groups"].get(group_key(cls))
+    if g is None:
+        return None
+    tree = fit["trees"][g]
+    x = features(M, N, K, batch, cls[-1], fit["header"]["sms"])
+    node = 0
+    while tree["left"][node] >= 0:
+        node = tree["left"][node] if float(x[tree["feature"][node]]) <= tree["threshold"][node] else tree["right"][node]
+    return fit["templates"][tree["leaf"][node]]
+
+
+def fitted_path(records: str, shipped: dict) -> str | None:
+    """The fit file beside the shipped records file ``records`` (None for the user's own)."""
+    for gpu, p in shipped.items():
+        if str(p) == records:
+            q = Path(p).with_name(f"cublas_fit_{gpu.lower()}.json.gz")
+            return str(q) if q.exists() else None
+    return None
