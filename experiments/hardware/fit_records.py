@@ -4,7 +4,7 @@
     pip install scikit-learn   # development only: tcemu reads the trees without it
     python experiments/hardware/fit_records.py tcemu/_src/data/cublas_fit_h200.json.gz \
         tcemu/_src/data/cublas_records_h200.json.gz \
-        tests/data/cublas_records_h200_random20261201.json.gz tests/data/cublas_records_h200_random20261202.json.gz
+        tests/data/cublas_records_h200_random2026120{1,2,4,5}.json.gz
 
 Groups: record classes (``library_records._class`` without the alignment) of one input type,
 output type and batching whose records agree on every one of at least 1000 shapes recorded for

@@ -1,0 +1,96 @@
+"""The decision trees fitted on cuBLAS's records (library_fit): the tree walk and its float32
+features on a tree written by hand, which records get a tree, and the shipped H200 trees on
+random shapes recorded after they were frozen (3011ab4)."""
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+from tcemu._src import library_fit as F
+from tcemu._src import library_records as R
+
+sys.path.insert(0, str(ROOT / "experiments" / "hardware"))
+from check_offgrid import check as check_offgrid  # noqa: E402
+
+DATA = ROOT / "tests" / "data"
+CLS = ("torch.mm", False, "bf16", "bf16", "bf16", (("reduced_precision_reduction", True),), 1)
+NVJET = {"kernels": ["nvjet_sm90_tst_128x128_64x4_1x2_h_bz_NNT"], "calls": [{"algo": {"algoId": 66}}]}
+SPLIT = {"kernels": ["cutlass_75_tensorop_bf16_s1688gemm_bf16_64x64_nn_align1", "splitKreduce_kernel"],
+         "calls": [{"algo": {"algoId": 24, "numSplitsK": 7, "reductionScheme": "COMPUTE_TYPE"}}]}
+SERIAL = dict(SPLIT, calls=[{"algo": {"algoId": 24, "numSplitsK": 3, "reductionScheme": "INPLACE"}}])
+
+
+def _fit(tmp_path):
+    """K <= 1000.5: the nvjet template; else alignment <= 4.5 (K or N odd..4): 7 slices; else serial."""
+    K, align = F.FEATURES.index("K"), F.FEATURES.index("alignment")
+    tree = {"feature": [K, -1, align, -1, -1], "threshold": [1000.5, 0.0, 4.5, 0.0, 0.0],
+            "left": [1, -1, 3, -1, -1], "right": [2, -1, 4, -1, -1], "leaf": [-1, 0, -1, 1, 2]}
+    path = tmp_path / "fit.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"header": {"gpu": "NVIDIA H200", "sms": 132}, "groups": {F.group_key(CLS): 0}, "trees": [tree],
+                   "templates": [NVJET, SPLIT, SERIAL]}, f)
+    return str(path)
+
+
+def test_tree_walk(tmp_path):
+    path = _fit(tmp_path)
+    assert F.predict(path, CLS, 100, 333, 1000, None) == NVJET
+    assert F.predict(path, CLS, 100, 333, 1001, None) == SPLIT
+    assert F.predict(path, CLS[:-1] + (8,), 100, 336, 1008, None) == SERIAL
+    assert F.predict(path, ("torch.mm",) + CLS[1:5] + ((),) + (1,), 100, 333, 1001, None) is None  # no tree
+
+
+def test_features_are_float32_of_exact_integer_arithmetic():
+    x = F.features(1000, 3000, 777, None, 1, 132)
+    assert x.dtype == np.float32 and len(x) == len(F.FEATURES)
+    t64 = 16 * 47
+    want = dict(zip(F.FEATURES, x.tolist()))
+    assert want["tiles 64x64"] == t64 and want["tiles 256x128"] == 4 * 24 and want["k-tiles of 64"] == 13
+    assert want["K / tiles 64x64"] == float(np.float32(777 / t64)) and want["K mod 8"] == 1 and want["batch"] == 1
+    assert want["MNK"] == float(np.float32(1000 * 3000 * 777))
+
+
+def test_fit_only_for_the_shipped_records(tmp_path):
+    assert F.fitted_path(str(R.SHIPPED["H200"]), R.SHIPPED).endswith("cublas_fit_h200.json.gz")
+    assert F.fitted_path(str(R.SHIPPED["H100"]), R.SHIPPED) is None  # no random records on the H100: nearest row
+    assert F.fitted_path(str(tmp_path / "mine.json.gz"), R.SHIPPED) is None
+    row, source = R.lookup(str(R.SHIPPED["H200"]), "torch.mm", None, 1000, 3002, 1003, "bf16", "bf16", "bf16",
+                           {"reduced_precision_reduction": True})
+    assert source == "nearest" and row["fitted"] and (row["M"], row["N"], row["K"]) == (1000, 3002, 1003)
+    row, source = R.lookup(str(R.SHIPPED["H100"]), "torch.mm", None, 1000, 3002, 1003, "bf16", "bf16", "bf16",
+                           {"reduced_precision_reduction": True})
+    assert source == "nearest" and "fitted" not in row
+
+
+def test_every_shipped_class_has_a_tree():
+    fit = F.load(str(F.fitted_path(str(R.SHIPPED["H200"]), R.SHIPPED)))
+    classes = {F.group_key(c) for c in R._by_class(str(R.SHIPPED["H200"]))}
+    assert classes <= set(fit["groups"]) and len(fit["trees"]) == max(fit["groups"].values()) + 1
+    for t in fit["trees"]:
+        inner = [i for i, f in enumerate(t["feature"]) if f >= 0]
+        assert all(t["leaf"][i] == -1 and t["left"][i] > i and t["right"][i] > i for i in inner)
+        assert all(0 <= t["leaf"][i] < len(fit["templates"]) for i in range(len(t["leaf"])) if i not in set(inner))
+
+
+@pytest.mark.parametrize("name, stride, want", [
+    # every 20th case of each set; measured counts (every case: README, "Off the grid")
+    # 20261130: recorded at stop 48, never fitted on; 952 of 1248 "nearest" with the nearest row
+    ("cublas_records_h200_random20261130.json.gz", 20, {"recorded": (3, 3), "rule": (244, 244), "nearest": (1077, 1248)}),
+    # 20261203: recorded after the freeze
+    ("cublas_records_h200_random20261203.json.gz", 20, {"recorded": (4, 4), "rule": (333, 336), "nearest": (1612, 1923)}),
+])
+def test_held_out_random_shapes(tmp_path, name, stride, want):
+    with gzip.open(DATA / name, "rt") as f:
+        data = json.load(f)
+    data["cases"] = data["cases"][::stride]
+    path = tmp_path / name
+    with gzip.open(path, "wt") as f:
+        json.dump(data, f)
+    res = check_offgrid(str(path), str(R.SHIPPED["H200"]), False)
+    got = {s: (res[(s, True)], res[(s, True)] + res[(s, False)]) for s in R.SOURCES}
+    assert got == want
