@@ -2,7 +2,7 @@
 the torch profiler), over the default grid and at the shapes of the committed torch captures.
 
     python experiments/hardware/cublas_record.py --out OUTDIR [--quick] [--only grid|captures]
-    python experiments/hardware/cublas_record.py --out OUTDIR --only random --seed S --count N
+    python experiments/hardware/cublas_record.py --out OUTDIR --only random --seed S --count N [--unaligned]
     python experiments/hardware/cublas_record.py --compact --merge tcemu/_src/data/cublas_records_h100.json.gz \
         OUTDIR/cublas_records_h100.json.gz OUTDIR/cublas_records_h100_captures.json.gz \
         tests/data/cublas_records_h100_fresh.json.gz tests/data/cublas_records_h100_fresh2.json.gz
@@ -60,11 +60,13 @@ def capture_cases() -> list[dict]:
     return out
 
 
-def random_shapes(seed: int, count: int) -> list[tuple[int, int, int]]:
+def random_shapes(seed: int, count: int, unaligned: bool = False) -> list[tuple[int, int, int]]:
     """``count`` (M, N, K) shapes of ML GEMMs drawn at random (numpy ``default_rng(seed)``): M
     log-uniform in 8..8192 (half of them multiples of 16), N and K log-uniform in 64..16384 (K
     in 64..32768 one time in ten); N and K multiples of 64 half the time, of 8 (not of 64) a
-    quarter, any integer the rest; no shape of the default grid."""
+    quarter, any integer the rest; no shape of the default grid. ``unaligned``: only the shapes
+    drawn so whose K or N is not a multiple of 8 (where cuBLAS's CUTLASS 2 split-K choices vary
+    most), for development sets that sample that region densely."""
     rng = np.random.default_rng(seed)
     grid = {(c["M"], c["N"], c["K"]) for c in R.default_cases()}
 
@@ -80,7 +82,7 @@ def random_shapes(seed: int, count: int) -> list[tuple[int, int, int]]:
         M = logu(8, 8192)
         M = max(16, M // 16 * 16) if rng.random() < 0.5 else M
         shape = (M, aligned(logu(64, 16384)), aligned(logu(64, 32768 if rng.random() < 0.1 else 16384)))
-        if shape not in grid:
+        if shape not in grid and not (unaligned and shape[1] % 8 == 0 and shape[2] % 8 == 0):
             out.add(shape)
     return sorted(out)
 
@@ -125,6 +127,8 @@ def main(argv=None):
     p.add_argument("--only", choices=("grid", "captures", "random"))
     p.add_argument("--seed", type=int, default=0, help="--only random: the shapes' seed")
     p.add_argument("--count", type=int, default=2000, help="--only random: how many shapes")
+    p.add_argument("--unaligned", action="store_true", help="--only random: only shapes whose K or N is not a "
+                                                            "multiple of 8 (file name ..._unaligned<seed>)")
     args = p.parse_args(argv)
     if args.merge:
         merge(args.merge[0], args.merge[1:], args.compact, args.offgrid)
@@ -133,8 +137,9 @@ def main(argv=None):
         p.error("--out is required (or --merge)")
     gpu = gpu_name()
     if args.only == "random":
-        R.record(Path(args.out) / f"cublas_records_{gpu}_random{args.seed}.json.gz",
-                 shapes=random_shapes(args.seed, args.count))
+        kind = "unaligned" if args.unaligned else "random"
+        R.record(Path(args.out) / f"cublas_records_{gpu}_{kind}{args.seed}.json.gz",
+                 shapes=random_shapes(args.seed, args.count, args.unaligned))
         return
     if args.only != "grid":
         cases = capture_cases()

@@ -4,7 +4,8 @@
     pip install scikit-learn   # development only: tcemu reads the trees without it
     python experiments/hardware/fit_records.py tcemu/_src/data/cublas_fit_h200.json.gz \
         tcemu/_src/data/cublas_records_h200.json.gz \
-        tests/data/cublas_records_h200_random2026120{1,2,4,5}.json.gz
+        tests/data/cublas_records_h200_random20261130.json.gz tests/data/cublas_records_h200_random2026120[1-69].json.gz \
+        tests/data/cublas_records_h200_unaligned2026120[78].json.gz
 
 Groups: record classes (``library_records._class`` without the alignment) of one input type,
 output type and batching whose records agree on every one of at least 1000 shapes recorded for
@@ -21,7 +22,6 @@ import argparse
 import gzip
 import json
 import sys
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -94,28 +94,25 @@ def fit(out: str, paths: list[str]) -> None:
     members = defaultdict(list)
     for r in rows:
         members[group[F.group_key(R._class(R.key(r)))]].append(r)
-    trees = []
+    trees, want = [], []
     for g in range(len(members)):
         rs = members[g]
         X = np.stack([F.features(r["M"], r["N"], r["K"], r["batch"], R._class(R.key(r))[-1], sms) for r in rs])
         model = DecisionTreeClassifier(criterion="entropy", random_state=0).fit(X, [label(r) for r in rs])
         trees.append(export(model, template_index))
         print(f"group {g}: {len(rs)} rows, {model.tree_.node_count} nodes, {len(model.classes_)} labels")
-        members[g] = (rs, model.predict(X))
+        want.append((rs, model.predict(X)))
     fitted = {"header": {"gpu": header["gpu"], "sms": sms, "sklearn": sklearn_version,
                          "records": [Path(p).name for p in paths], "features": list(F.FEATURES)},
               "groups": group, "trees": trees, "templates": templates}
     with gzip.open(out, "wt", compresslevel=9) as f:
         json.dump(fitted, f, separators=(",", ":"))
-    tmp = str(Path(tempfile.mkdtemp()) / "fit.json.gz")
-    with gzip.open(tmp, "wt") as f:
-        json.dump(fitted, f)
-    for g, (rs, want) in members.items():
-        for r, w in zip(rs, want):
-            got = F.predict(tmp, R._class(R.key(r)), r["M"], r["N"], r["K"], r["batch"])
+    for g, (rs, predicted) in enumerate(want):
+        for r, w in zip(rs, predicted):
+            got = F.predict(out, R._class(R.key(r)), r["M"], r["N"], r["K"], r["batch"])
             if label(dict(r, **got)) != w:
                 raise SystemExit(f"the exported tree of group {g} differs from scikit-learn's at {R.key(r)}")
-    right = sum(label(r) == w for rs, want in members.values() for r, w in zip(rs, want))
+    right = sum(label(r) == w for rs, predicted in want for r, w in zip(rs, predicted))
     print(f"wrote {out}: {len(trees)} trees, {len(templates)} templates; exported = scikit-learn on all "
           f"{len(rows)} rows; the fit reproduces {right} of them")
 

@@ -12,6 +12,7 @@ recorded after the fit in ``experiments/hardware/README.md``.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import gzip
 import json
@@ -19,9 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
-FEATURES = ("M", "N", "K", "batch", "MNK", "MN", "tiles 64x64", "tiles 128x128", "tiles 128x64", "tiles 256x128",
-            "K / tiles 64x64", "K / tiles 128x128", "k-tiles of 64", "N mod 8", "K mod 8", "N mod 2", "K mod 2",
-            "M mod 8", "MNK / (tiles 64x64 * SMs)", "alignment")
+TILES = ((16, 16), (32, 32), (64, 64), (128, 64), (64, 128), (128, 128), (256, 64), (64, 256), (128, 256), (256, 128))
+FEATURES = (("M", "N", "K", "batch", "MNK", "MN", "tiles 64x64", "tiles 128x128", "tiles 128x64", "tiles 256x128",
+             "K / tiles 64x64", "K / tiles 128x128", "k-tiles of 64", "N mod 8", "K mod 8", "N mod 2", "K mod 2",
+             "M mod 8", "MNK / (tiles 64x64 * SMs)", "alignment")
+            + tuple(f"{t} {m}x{n}" for m, n in TILES
+                    for t in ("batched tiles", "waves", "K / batched tiles", "whole waves"))
+            + ("K mod 64", "K mod 32", "N mod 4", "K mod 4", "MNK / (MN + NK + MK)"))
 
 
 def group_key(cls: tuple) -> str:
@@ -39,6 +44,10 @@ def features(M: int, N: int, K: int, batch, align: int, sms: int) -> np.ndarray:
     t64, t128 = tiles(64, 64), tiles(128, 128)
     x = [M, N, K, batch or 1, float(M * N * K), float(M * N), t64, t128, tiles(128, 64), tiles(256, 128),
          K / t64, K / t128, -(-K // 64), N % 8, K % 8, N % 2, K % 2, M % 8, M * N * K / (t64 * float(sms)), align]
+    for tm, tn in TILES:
+        t = tiles(tm, tn) * (batch or 1)
+        x += [t, t / sms, K / t, -(-t // sms)]
+    x += [K % 64, K % 32, N % 4, K % 4, M * N * K / float(M * N + N * K + M * K)]
     return np.asarray(x, dtype=np.float64).astype(np.float32)
 
 
@@ -61,13 +70,18 @@ def predict(path: str, cls: tuple, M: int, N: int, K: int, batch) -> dict | None
     node = 0
     while tree["left"][node] >= 0:
         node = tree["left"][node] if float(x[tree["feature"][node]]) <= tree["threshold"][node] else tree["right"][node]
-    return fit["templates"][tree["leaf"][node]]
+    return copy.deepcopy(fit["templates"][tree["leaf"][node]])
 
 
 def fitted_path(records: str, shipped: dict) -> str | None:
     """The fit file beside the shipped records file ``records`` (None for the user's own)."""
-    for gpu, p in shipped.items():
-        if str(p) == records:
+    return _fitted_path(records, tuple((gpu, str(p)) for gpu, p in shipped.items()))
+
+
+@functools.lru_cache(maxsize=16)
+def _fitted_path(records: str, shipped: tuple) -> str | None:
+    for gpu, p in shipped:
+        if p == records:
             q = Path(p).with_name(f"cublas_fit_{gpu.lower()}.json.gz")
             return str(q) if q.exists() else None
     return None
