@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import sys
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -53,6 +54,28 @@ def test_features_are_float32_of_exact_integer_arithmetic():
     assert want["tiles 64x64"] == t64 and want["tiles 256x128"] == 4 * 24 and want["k-tiles of 64"] == 13
     assert want["K / tiles 64x64"] == float(np.float32(777 / t64)) and want["K mod 8"] == 1 and want["batch"] == 1
     assert want["MNK"] == float(np.float32(1000 * 3000 * 777))
+
+
+def test_tile_wave_features_by_hand():
+    """The stop-50 features at 100 x 333 x 1000, batch 3, on 132 SMs, computed here by hand."""
+    want = {"batched tiles 16x16": 7 * 21 * 3, "waves 16x16": 441 / 132, "K / batched tiles 16x16": 1000 / 441,
+            "whole waves 16x16": 4, "batched tiles 128x256": 1 * 2 * 3, "waves 128x256": 6 / 132,
+            "K / batched tiles 128x256": 1000 / 6, "whole waves 128x256": 1, "batched tiles 64x64": 2 * 6 * 3,
+            "K mod 64": 40, "K mod 32": 8, "N mod 4": 1, "K mod 4": 0,
+            "MNK / (MN + NK + MK)": Fraction(100 * 333 * 1000, 100 * 333 + 333 * 1000 + 100 * 1000)}
+    x = dict(zip(F.FEATURES, F.features(100, 333, 1000, 3, 1, 132).tolist()))
+    assert {n: x[n] for n in want} == {n: float(np.float32(float(v))) for n, v in want.items()}
+    assert x["tiles 64x64"] == 2 * 6  # unbatched
+
+
+def test_fit_files_name_their_features(tmp_path):
+    fit = F.load(str(F.fitted_path(str(R.SHIPPED["H200"]), R.SHIPPED)))
+    assert fit["header"]["features"] == list(F.FEATURES)
+    path = tmp_path / "other.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(dict(fit, header=dict(fit["header"], features=list(F.FEATURES[:-1]))), f)
+    with pytest.raises(ValueError, match="other features than library_fit.FEATURES"):
+        F.load(str(path))
 
 
 def test_fit_only_for_the_shipped_records(tmp_path):

@@ -51,6 +51,29 @@ def test_tcemu_record_reproduces_a_fresh_capture(path):
     _recorded_answers_right(path, FRESH2_RECORDS, rows=8, stride=12, share=0.9)
 
 
+# tcemu record at the shapes of H200 captures, then library_config(records=...): fresh3 (captured at
+# stop 48; 44 of 452 cases missed until stop 51's CUTLASS 2 slice alignment, made on them) and the
+# capture made to decide that rule (CUTLASS 2 split-K with K a multiple of 16, 32 or 64)
+H200_RECORDED = [("library_gemm_h200_torch_slices.npz", "cublas_records_h200_slices.json.gz", 2),
+                 ("library_gemm_h200_torch_fresh3.npz", "cublas_records_h200_fresh3.json.gz", 2),
+                 ("layer_gemm_h200_torch_default_fresh3.npz", "cublas_records_h200_fresh3.json.gz", 5)]
+
+
+@pytest.mark.parametrize("name, records, stride", H200_RECORDED, ids=[n for n, _, _ in H200_RECORDED])
+def test_tcemu_record_reproduces_h200_captures(name, records, stride):
+    _recorded_answers_right(DATA / name, str(DATA / records), rows=8, stride=stride, share=1.0)
+
+
+def test_cutlass_split_k_slices_of_64_where_k_is_a_multiple_of_64():
+    row = {"lib": "torch.mm", "a": "f16", "b": "f16", "out": "f16", "K": 6144,
+           "kernels": ["cutlass::Kernel2<cutlass_80_tensorop_f16_s16816gemm_f16_128x256_64x3_nn_align2>",
+                       "cublasLt::splitKreduce_kernel"],
+           "calls": [{"algo": {"algoId": 23, "reductionScheme": "OUTPUT_TYPE", "numSplitsK": 22}}]}
+    assert R.row_schedule(row)[1].slice_align == 64  # 19 slices of 320 and one of 64
+    assert R.row_schedule(row, 6152)[1].slice_align == 8  # 16 bytes
+    assert R.row_schedule(row, 6160)[1].slice_align == 8  # a multiple of 16 only: 16 bytes too
+
+
 DEV = [DATA / n for n in ("library_gemm_h100_torch_heldout.npz", "layer_gemm_h100_torch_default_fresh.npz",
                           "layer_gemm_h100_torch_splitk_off_fresh.npz")]
 

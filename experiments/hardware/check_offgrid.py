@@ -56,7 +56,7 @@ def check(path: str, records: str, exclude_own: bool) -> Counter:
         if row is None:
             out[("no row of the class", "")] += 1
             continue
-        ok = R._form(row) == R._form(r)
+        ok = R._form(row, r["K"]) == R._form(r)
         out[(source, ok)] += 1
         if source != "recorded":  # a random shape may meet one recorded before: counted apart
             out[(_kind(r), ok)] += 1

@@ -1,7 +1,7 @@
 """Record cuBLAS's algorithm choices on this GPU with ``tcemu.record`` (cuBLASLt's logger and
 the torch profiler), over the default grid and at the shapes of the committed torch captures.
 
-    python experiments/hardware/cublas_record.py --out OUTDIR [--quick] [--only grid|captures]
+    python experiments/hardware/cublas_record.py --out OUTDIR [--quick] [--only grid|captures] [--captures NPZ ...]
     python experiments/hardware/cublas_record.py --out OUTDIR --only random --seed S --count N [--unaligned]
     python experiments/hardware/cublas_record.py --compact --merge tcemu/_src/data/cublas_records_h100.json.gz \
         OUTDIR/cublas_records_h100.json.gz OUTDIR/cublas_records_h100_captures.json.gz \
@@ -38,12 +38,13 @@ from library_gemm import gpu_name  # noqa: E402
 from tcemu._src import record as R  # noqa: E402
 
 
-def capture_cases() -> list[dict]:
+def capture_cases(paths=None) -> list[dict]:
     """torch.mm, torch.bmm, F.linear and torch._scaled_mm cases at every shape of the committed
-    torch captures (F.linear's 3-D activations flattened to M rows, batched ones as torch.bmm)."""
+    torch captures, or of the captures ``paths`` (F.linear's 3-D activations flattened to M rows,
+    batched ones as torch.bmm)."""
     shapes, batched = set(), set()
-    for path in sorted(glob.glob(str(ROOT / "tests/data/library_gemm_*torch*.npz"))
-                       + glob.glob(str(ROOT / "tests/data/layer_gemm_*torch*.npz"))):
+    for path in paths or sorted(glob.glob(str(ROOT / "tests/data/library_gemm_*torch*.npz"))
+                                + glob.glob(str(ROOT / "tests/data/layer_gemm_*torch*.npz"))):
         with np.load(path) as z:
             for c in json.loads(str(z["meta"]))["cases"]:
                 rows = c["M"]  # a 3-D activation (x3) is M rows flattened
@@ -127,6 +128,8 @@ def main(argv=None):
     p.add_argument("--only", choices=("grid", "captures", "random"))
     p.add_argument("--seed", type=int, default=0, help="--only random: the shapes' seed")
     p.add_argument("--count", type=int, default=2000, help="--only random: how many shapes")
+    p.add_argument("--captures", nargs="+", metavar="NPZ", help="--only captures: these captures' shapes (file name "
+                                                                 "..._captures_<first capture's name>)")
     p.add_argument("--unaligned", action="store_true", help="--only random: only shapes whose K or N is not a "
                                                             "multiple of 8 (file name ..._unaligned<seed>)")
     args = p.parse_args(argv)
@@ -135,6 +138,10 @@ def main(argv=None):
         return
     if not args.out:
         p.error("--out is required (or --merge)")
+    if args.only != "random" and (args.unaligned or args.seed or args.count != 2000):
+        p.error("--unaligned, --seed and --count go with --only random")
+    if args.captures and args.only != "captures":
+        p.error("--captures goes with --only captures")
     gpu = gpu_name()
     if args.only == "random":
         kind = "unaligned" if args.unaligned else "random"
@@ -142,8 +149,10 @@ def main(argv=None):
                  shapes=random_shapes(args.seed, args.count, args.unaligned))
         return
     if args.only != "grid":
-        cases = capture_cases()
-        R.record(Path(args.out) / f"cublas_records_{gpu}_captures.json.gz", cases=cases[:60] if args.quick else cases)
+        cases = capture_cases(args.captures)
+        name = f"_{Path(args.captures[0]).stem}" if args.captures else ""
+        R.record(Path(args.out) / f"cublas_records_{gpu}_captures{name}.json.gz",
+                 cases=cases[:60] if args.quick else cases)
     if args.only != "captures":
         R.record(Path(args.out) / f"cublas_records_{gpu}.json.gz", quick=args.quick)
 

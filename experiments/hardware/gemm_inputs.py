@@ -70,8 +70,16 @@ FRESH3_SHAPES = [
     (None, 1344, 64, 2944), (None, 3968, 633, 1792), (None, 59, 80, 11088), (None, 64, 1104, 4544),
     (None, 64, 659, 490), (None, 64, 160, 3840), (7, 832, 7040, 448), (7, 2452, 6272, 1792),
 ]
+# stop 51 (development): where cuBLAS's random-shape records name CUTLASS 2 split-K and the 16-byte
+# slices differ from 64-element ones: K a multiple of 16 or 32 only (which decides between the
+# rules the fresh3 misses left), and of 64
+SLICES_SHAPES = [
+    (None, 16, 358, 5424), (None, 37, 2923, 1776), (None, 13, 4629, 15888), (None, 154, 202, 800),
+    (None, 192, 151, 8160), (None, 464, 81, 1632), (None, 16, 211, 5760), (None, 16, 465, 8064),
+    (None, 10, 1399, 4224), (None, 9, 4118, 3712), (None, 16, 2262, 1600),
+]
 GRIDS = {"table": SHAPES, "held-out": HELD_OUT_SHAPES, "fresh": FRESH_SHAPES, "fresh2": FRESH2_SHAPES,
-         "fresh3": FRESH3_SHAPES}
+         "fresh3": FRESH3_SHAPES, "slices": SLICES_SHAPES}
 
 
 def cases(grid: str = "table"):

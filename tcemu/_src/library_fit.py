@@ -21,12 +21,6 @@ from pathlib import Path
 import numpy as np
 
 TILES = ((16, 16), (32, 32), (64, 64), (128, 64), (64, 128), (128, 128), (256, 64), (64, 256), (128, 256), (256, 128))
-FEATURES = (("M", "N", "K", "batch", "MNK", "MN", "tiles 64x64", "tiles 128x128", "tiles 128x64", "tiles 256x128",
-             "K / tiles 64x64", "K / tiles 128x128", "k-tiles of 64", "N mod 8", "K mod 8", "N mod 2", "K mod 2",
-             "M mod 8", "MNK / (tiles 64x64 * SMs)", "alignment")
-            + tuple(f"{t} {m}x{n}" for m, n in TILES
-                    for t in ("batched tiles", "waves", "K / batched tiles", "whole waves"))
-            + ("K mod 64", "K mod 32", "N mod 4", "K mod 4", "MNK / (MN + NK + MK)"))
 
 
 def group_key(cls: tuple) -> str:
@@ -35,27 +29,51 @@ def group_key(cls: tuple) -> str:
     return json.dumps([lib, bool(batch), a, b, out, [list(f) for f in flags]])
 
 
-def features(M: int, N: int, K: int, batch, align: int, sms: int) -> np.ndarray:
-    """The tree's inputs (:data:`FEATURES`) as float32, as scikit-learn compares them: products
-    and quotients of the shape's integers, each one IEEE operation (the same bits everywhere)."""
+def _named(M: int, N: int, K: int, batch, align: int, sms: int) -> list[tuple[str, float]]:
+    """Each feature as (name, value): products and quotients of the shape's integers, each one
+    IEEE operation in float64 (the same bits everywhere)."""
     def tiles(tm, tn):
         return -(-M // tm) * -(-N // tn)
 
     t64, t128 = tiles(64, 64), tiles(128, 128)
-    x = [M, N, K, batch or 1, float(M * N * K), float(M * N), t64, t128, tiles(128, 64), tiles(256, 128),
-         K / t64, K / t128, -(-K // 64), N % 8, K % 8, N % 2, K % 2, M % 8, M * N * K / (t64 * float(sms)), align]
+    x = [("M", M), ("N", N), ("K", K), ("batch", batch or 1), ("MNK", float(M * N * K)), ("MN", float(M * N)),
+         ("tiles 64x64", t64), ("tiles 128x128", t128), ("tiles 128x64", tiles(128, 64)),
+         ("tiles 256x128", tiles(256, 128)), ("K / tiles 64x64", K / t64), ("K / tiles 128x128", K / t128),
+         ("k-tiles of 64", -(-K // 64)), ("N mod 8", N % 8), ("K mod 8", K % 8), ("N mod 2", N % 2),
+         ("K mod 2", K % 2), ("M mod 8", M % 8), ("MNK / (tiles 64x64 * SMs)", M * N * K / (t64 * float(sms))),
+         ("alignment", align)]
     for tm, tn in TILES:
         t = tiles(tm, tn) * (batch or 1)
-        x += [t, t / sms, K / t, -(-t // sms)]
-    x += [K % 64, K % 32, N % 4, K % 4, M * N * K / float(M * N + N * K + M * K)]
-    return np.asarray(x, dtype=np.float64).astype(np.float32)
+        x += [(f"batched tiles {tm}x{tn}", t), (f"waves {tm}x{tn}", t / sms),
+              (f"K / batched tiles {tm}x{tn}", K / t), (f"whole waves {tm}x{tn}", -(-t // sms))]
+    return x + [("K mod 64", K % 64), ("K mod 32", K % 32), ("N mod 4", N % 4), ("K mod 4", K % 4),
+                ("MNK / (MN + NK + MK)", M * N * K / float(M * N + N * K + M * K))]
+
+
+FEATURES = tuple(name for name, _ in _named(1, 1, 1, None, 1, 1))
+
+
+def features(M: int, N: int, K: int, batch, align: int, sms: int) -> np.ndarray:
+    """The tree's inputs (:data:`FEATURES`, in that order) as float32, as scikit-learn compares
+    them.
+
+    >>> x = features(100, 333, 1000, None, 1, 132)
+    >>> int(x[FEATURES.index("tiles 64x64")]), float(x[FEATURES.index("K / tiles 64x64")])
+    (12, 83.33333587646484)
+    """
+    return np.asarray([v for _, v in _named(M, N, K, batch, align, sms)], dtype=np.float64).astype(np.float32)
 
 
 @functools.lru_cache(maxsize=4)
 def load(path: str) -> dict:
-    """The fitted trees of ``path``: header, groups (class string -> tree), trees, templates."""
+    """The fitted trees of ``path``: header, groups (class string -> tree), trees, templates.
+    Trees fitted on other features than :data:`FEATURES` are refused."""
     with gzip.open(path, "rt") as f:
-        return json.load(f)
+        fit = json.load(f)
+    if fit["header"].get("features", list(FEATURES)) != list(FEATURES):
+        raise ValueError(f"{path}: fitted on other features than library_fit.FEATURES: refit it "
+                         "(experiments/hardware/fit_records.py)")
+    return fit
 
 
 def predict(path: str, cls: tuple, M: int, N: int, K: int, batch) -> dict | None:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from tcemu._src import library_fit
 from tcemu._src.gemm import GemmConfig, KSchedule
-from tcemu._src.library import slice_alignment
+from tcemu._src.library import cutlass_slice_alignment
 
 DATA = Path(__file__).parent / "data"
 # the records shipped per GPU (the H200's differ from the H100's in 18,398 of 119,566 cases: split-K
@@ -81,8 +81,9 @@ def algo(row: dict) -> dict:
     return row["calls"][-1]["algo"] if row.get("calls") else {}
 
 
-def row_schedule(row: dict) -> tuple[str, KSchedule]:
-    """(the instruction's k numerics "k8"/"k16"/"wgmma", the K schedule) of a record row."""
+def row_schedule(row: dict, K: int | None = None) -> tuple[str, KSchedule]:
+    """(the instruction's k numerics "k8"/"k16"/"wgmma", the K schedule) of a record row's
+    kernel and algorithm at depth ``K`` (default: the row's own)."""
     fam, al = family(row["kernels"]), algo(row)
     S, scheme = int(al.get("numSplitsK", 1)), al.get("reductionScheme", "NONE")
     if fam == "simt":
@@ -103,14 +104,16 @@ def row_schedule(row: dict) -> tuple[str, KSchedule]:
     if S == 1:
         return k, KSchedule(k_tile=kt, residue="first")
     partials = row["out"] if scheme in ("OUTPUT_TYPE", SERIAL) and row["out"] != "f32" else "f32"
-    return k, KSchedule(k_tile=kt, residue="first", slices=S, slice_align=slice_alignment(row["a"], row["b"]),
+    return k, KSchedule(k_tile=kt, residue="first", slices=S,
+                        slice_align=cutlass_slice_alignment(row["K"] if K is None else K, row["a"], row["b"]),
                         partials=partials, reduction="serial" if scheme == SERIAL else "sequential")
 
 
-def row_config(row: dict, gpu: str, base: GemmConfig | None = None) -> GemmConfig:
-    """A record row's configuration; ``base`` (the fp8 ``_scaled_mm`` configuration: its
-    instruction and promotion) keeps its instruction and promotion."""
-    k, sched = row_schedule(row)
+def row_config(row: dict, gpu: str, base: GemmConfig | None = None, K: int | None = None) -> GemmConfig:
+    """A record row's configuration at depth ``K`` (default: the row's own); ``base`` (the fp8
+    ``_scaled_mm`` configuration: its instruction and promotion) keeps its instruction and
+    promotion."""
+    k, sched = row_schedule(row, K)
     if row["a"] in ("e4m3", "e5m2"):
         promo = base.schedule.promotion if base is not None else 0
         return GemmConfig(arch=gpu, instruction=base.instruction if base is not None else
@@ -159,11 +162,11 @@ def _grid_by_class(path: str) -> dict:
     return {c: [r for r in rows if not r.get("offgrid")] for c, rows in _by_class(path).items()}
 
 
-def _form(row) -> tuple:
-    """What decides a row's bits: (the instruction's k, the K schedule); ("simt",) where tcemu
-    does not emulate the kernel."""
+def _form(row, K: int | None = None) -> tuple:
+    """What decides a row's bits at depth ``K`` (default: the row's own): (the instruction's k,
+    the K schedule); ("simt",) where tcemu does not emulate the kernel."""
     try:
-        return row_schedule(row)
+        return row_schedule(row, K)
     except NotEmulated:
         return ("simt",)
 
@@ -192,11 +195,11 @@ def lookup(path: str, lib: str, batch, M: int, N: int, K: int, a: str, b: str, o
     def nearest(rows):
         return min(rows, key=lambda r: (dist(r), r["M"] * r["N"] * r["K"]))
 
-    grid = _grid_by_class(path)[_class(k)]
-    best = nearest(grid) if grid else None
     corners = _corners(path, _class(k), M, N, K, batch)
-    if best is not None and corners and len({_form(r) for r in corners}) == 1 and _form(corners[0]) == _form(best):
-        return best, "rule"
+    if corners and len({_form(r, K) for r in corners}) == 1:
+        best = nearest(_grid_by_class(path)[_class(k)])
+        if _form(corners[0], K) == _form(best, K):
+            return best, "rule"
     fit = library_fit.fitted_path(path, SHIPPED)
     template = library_fit.predict(fit, _class(k), M, N, K, batch) if fit else None
     if template is not None:
@@ -206,30 +209,43 @@ def lookup(path: str, lib: str, batch, M: int, N: int, K: int, a: str, b: str, o
 
 
 @functools.lru_cache(maxsize=256)
-def _cell_index(path: str, cls: tuple, batch) -> tuple[dict, tuple]:
-    """(rows by (M, N, K), the sorted recorded M, N and K) of a class's grid rows of one batch."""
+def _cell_index(path: str, cls: tuple, batch) -> tuple[dict, dict, tuple]:
+    """(rows by (M, N, K), the recorded K by (M, N), the sorted recorded M, N and K) of a class's
+    grid rows of one batch."""
     same = [r for r in _grid_by_class(path).get(cls, []) if (r["batch"] or None) == batch]
-    return {(r["M"], r["N"], r["K"]): r for r in same}, tuple(sorted({r[n] for r in same}) for n in "MNK")
+    ks = {}
+    for r in same:
+        ks.setdefault((r["M"], r["N"]), set()).add(r["K"])
+    return ({(r["M"], r["N"], r["K"]): r for r in same}, ks,
+            tuple(sorted({r[n] for r in same}) for n in "MNK"))
 
 
 def _corners(path: str, cls: tuple, M, N, K, batch):
     """The rows at the 8 corners of the smallest recorded grid cell holding (M, N, K) (same
     batch): on each axis one of the 4 nearest recorded values at or below the shape's and one of
-    the 4 at or above, all 8 corners recorded; None when there is no such cell."""
-    at, values = _cell_index(path, cls, batch or None)
+    the 4 at or above, all 8 corners recorded; None when there is no such cell. The smallest:
+    the least sum of the axes' log2(upper / lower); of equal sums, the first in the order of M's
+    pairs, then N's, then K's, each axis's pairs by their difference."""
+    at, ks, values = _cell_index(path, cls, batch or None)
     axes = []
     for vals, v in zip(values, (M, N, K)):
         lo, hi = [x for x in vals if x <= v][::-1][:4], [x for x in vals if x >= v][:4]
         if not lo or not hi:
             return None
-        axes.append(sorted(((a, b) for a in lo for b in hi), key=lambda ab: ab[1] - ab[0]))
-    cells = sorted(((m, n, k) for m in axes[0] for n in axes[1] for k in axes[2]),
-                   key=lambda c: sum(math.log2(b / a) for a, b in c))
-    for (m0, m1), (n0, n1), (k0, k1) in cells:
-        corners = [at.get((m, n, k)) for m in (m0, m1) for n in (n0, n1) for k in (k0, k1)]
-        if all(corners):
-            return corners
-    return None
+        axes.append([(math.log2(b / a), a, b) for a, b in sorted(((a, b) for a in lo for b in hi),
+                                                                  key=lambda ab: ab[1] - ab[0])])
+    best, none = None, set()
+    for i, (wm, m0, m1) in enumerate(axes[0]):
+        for j, (wn, n0, n1) in enumerate(axes[1]):
+            both = (ks.get((m0, n0), none) & ks.get((m0, n1), none) & ks.get((m1, n0), none)
+                    & ks.get((m1, n1), none))
+            for k, (wk, k0, k1) in enumerate(axes[2]) if both else ():
+                if k0 in both and k1 in both and (best is None or (wm + wn + wk, i, j, k) < best[0]):
+                    best = (wm + wn + wk, i, j, k), (m0, m1, n0, n1, k0, k1)
+    if best is None:
+        return None
+    m0, m1, n0, n1, k0, k1 = best[1]
+    return [at[(m, n, k)] for m in (m0, m1) for n in (n0, n1) for k in (k0, k1)]
 
 
 def records_path(records, arch, gpu: str):
@@ -264,7 +280,7 @@ def answer(path: str, lib: str, gpu: str, M, N, K, a, b, out, batch, flags, base
     if algo(row).get("reductionScheme") == SERIAL and lib == "torch._scaled_mm":
         source = "nearest"  # serial split-K with fp8 scales: not seen on the GPUs, not measured
     try:
-        return row_config(row, gpu, base), source, row
+        return row_config(row, gpu, base, K), source, row
     except NotEmulated:
         if source == "recorded":
             raise

@@ -29,7 +29,7 @@ from tcemu._src.identify.hints import hints as _hints, prefer as _prefer, whole_
 from tcemu._src.identify.sample import (BLOCK, Sample, block_scaled, epilogue_operands,
                                         epilogues_to_try)
 from tcemu._src.isa.targets import check_arch
-from tcemu._src.library import slice_alignment
+from tcemu._src.library import cutlass_slice_alignment, slice_alignment
 
 _NUMPY = {"f16": np.float16, "bf16": ml_dtypes.bfloat16}
 SLICE_COUNTS = tuple(range(2, 33)) + (40, 48, 56, 64, 96, 128)
@@ -128,10 +128,12 @@ def schedules(K: int, k: int, a: str, b: str, out: str, prefer: str | None = Non
     def nvjet(S):  # cuBLAS nvjet: slices aligned to the k-tiles
         return [KSchedule(k_tile=common, slices=S, promotion=p) for p in promo]
 
-    def cutlass(S):  # CUTLASS 2: slices of 16 bytes, residue first; serial split-K in the output type
-        return [KSchedule(k_tile=t, residue="first", slices=S, slice_align=xla, partials=part)
+    cut = cutlass_slice_alignment(K, a, b)
+
+    def cutlass(S):  # CUTLASS 2: residue first, its slice alignment; serial split-K in the output type
+        return [KSchedule(k_tile=t, residue="first", slices=S, slice_align=cut, partials=part)
                 for t in tiles[:3] for part in partials] + \
-            [KSchedule(k_tile=t, residue="first", slices=S, slice_align=xla, partials=part, reduction="serial")
+            [KSchedule(k_tile=t, residue="first", slices=S, slice_align=cut, partials=part, reduction="serial")
              for t in tiles[:3] for part in partials[1:]]
 
     def triton(S):  # XLA's split-K: equal slices of 16 bytes, its reductions of the partials
