@@ -78,8 +78,20 @@ SLICES_SHAPES = [
     (None, 192, 151, 8160), (None, 464, 81, 1632), (None, 16, 211, 5760), (None, 16, 465, 8064),
     (None, 10, 1399, 4224), (None, 9, 4118, 3712), (None, 16, 2262, 1600),
 ]
+# drawn after stop 51's CUTLASS 2 slice alignment was frozen (7943db5): 12 as fresh3 (numpy
+# default_rng(20261213): M log-uniform in 16..4096, N in 64..8192, K in 256..16384, half multiples
+# of 64, a quarter of 16; the last two batched 7), then 6 in the rule's region (default_rng(20261214):
+# N not a multiple of 8, K a multiple of 64)
+FRESH4_SHAPES = [
+    (None, 1285, 64, 8960), (None, 22, 128, 9408), (None, 169, 7632, 576), (None, 58, 3072, 3968),
+    (None, 623, 2704, 320), (None, 47, 196, 9072), (None, 320, 3520, 14784), (None, 171, 4224, 4928),
+    (None, 32, 5296, 448), (None, 24, 6848, 640), (7, 696, 576, 1216), (7, 1146, 576, 5696),
+    (None, 410, 5167, 1664), (None, 46, 1001, 1536), (None, 916, 239, 320), (None, 598, 127, 704),
+    (None, 28, 3614, 960), (None, 180, 5839, 9024),
+]
 GRIDS = {"table": SHAPES, "held-out": HELD_OUT_SHAPES, "fresh": FRESH_SHAPES, "fresh2": FRESH2_SHAPES,
-         "fresh3": FRESH3_SHAPES, "slices": SLICES_SHAPES}
+         "fresh3": FRESH3_SHAPES, "slices": SLICES_SHAPES,
+         "fresh4": FRESH4_SHAPES}
 
 
 def cases(grid: str = "table"):
