@@ -179,9 +179,10 @@ def slice_alignment(a: str, b: str) -> int:
 def cutlass_slice_alignment(K: int, a: str, b: str) -> int:
     """Where cuBLAS's CUTLASS 2 split-K slices start: ``ceil(K / S)`` is rounded up to 64
     elements when K is a multiple of 64, else to 16 bytes (:func:`slice_alignment`): 22 slices
-    of K = 6144 are 19 of 320 and one of 64, not 21 of 280 and one of 264 (H200 captures: every
-    CUTLASS 2 split-K case, 64-aligned at 8 shapes with K a multiple of 64, 16-byte at 27 without,
-    K a multiple of 16 or 32 among them; experiments/hardware/README.md, stop 51)."""
+    of K = 6144 are 19 of 320 and one of 64, not 21 of 280 and one of 264. Measured on every
+    captured case where the two cut K differently (H100 and H200): 64 at the 8 shapes with K a
+    multiple of 64, 16 bytes at the 27 without (K a multiple of 16 or 32 at 6); held out on 79
+    cases of ``fresh4`` (experiments/hardware/README.md, stop 51)."""
     return 64 if K % 64 == 0 else slice_alignment(a, b)
 
 
