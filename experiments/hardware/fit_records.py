@@ -5,14 +5,14 @@
     python experiments/hardware/fit_records.py tcemu/_src/data/cublas_fit_h200.json.gz \
         tcemu/_src/data/cublas_records_h200.json.gz \
         tests/data/cublas_records_h200_random20261130.json.gz tests/data/cublas_records_h200_random2026120[1-69].json.gz \
-        tests/data/cublas_records_h200_unaligned2026120[78].json.gz
+        tests/data/cublas_records_h200_unaligned2026120[78].json.gz tests/data/cublas_records_h200_unaligned20261215.json.gz
 
 Groups: record classes (``library_records._class`` without the alignment) of one input type,
 output type and batching whose records agree on every one of at least 1000 shapes recorded for
 both (the random sets: e.g. torch.mm with reduced-precision reduction and torch.addmm with a
 full C) are fitted together. Label: a row's form (``library_records._form``), whether its kernel
 adds C after the rounding (``_badd_``) and its split-K reduction scheme; each label keeps the
-first row (by shape) that has it as its template. One ``DecisionTreeClassifier`` (entropy,
+first row (by shape) that has it as its template (evaluated at the user's K by ``library_records``). One ``DecisionTreeClassifier`` (entropy,
 grown fully, ``random_state=0``) per group on ``library_fit.features``. The trees written are
 checked to give scikit-learn's own predictions through ``library_fit.predict`` on every row.
 """
@@ -48,7 +48,10 @@ def read(paths):
 
 
 def label(r) -> str:
-    return json.dumps([str(R._form(r)), "_badd_" in " ".join(r["kernels"]), R.algo(r).get("reductionScheme")])
+    """The row's form at a depth off a multiple of 64 (the form a template gives at the user's K
+    is evaluated there: :func:`library.cutlass_slice_alignment` must not split labels), whether C
+    is added after the rounding, and the split-K reduction scheme."""
+    return json.dumps([str(R._form(r, K=1)), "_badd_" in " ".join(r["kernels"]), R.algo(r).get("reductionScheme")])
 
 
 def groups(rows) -> dict:

@@ -89,9 +89,30 @@ FRESH4_SHAPES = [
     (None, 410, 5167, 1664), (None, 46, 1001, 1536), (None, 916, 239, 320), (None, 598, 127, 704),
     (None, 28, 3614, 960), (None, 180, 5839, 9024),
 ]
+
+
+def draw_shapes(seed: int, count: int, batched: int = 2) -> list[tuple]:
+    """``count`` (batch, M, N, K) shapes drawn as ``fresh3``'s were (numpy ``default_rng(seed)``):
+    M log-uniform in 16..4096, N in 64..8192, K in 256..16384; N and K multiples of 64 half the
+    time, of 16 a quarter, any integer the rest; the last ``batched`` with a batch of 7."""
+    rng = np.random.default_rng(seed)
+
+    def logu(lo, hi):
+        return int(round(float(np.exp(rng.uniform(np.log(lo), np.log(hi))))))
+
+    def align(v):
+        u = rng.random()
+        return max(64, v // 64 * 64) if u < 0.5 else max(16, v // 16 * 16) if u < 0.75 else v
+
+    return [(7 if i >= count - batched else None, logu(16, 4096), align(logu(64, 8192)), align(logu(256, 16384)))
+            for i in range(count)]
+
+
+# drawn after stop 52's refit of the decision trees was frozen: draw_shapes(20261230, 14)
+FRESH5_SHAPES = draw_shapes(20261230, 14)
 GRIDS = {"table": SHAPES, "held-out": HELD_OUT_SHAPES, "fresh": FRESH_SHAPES, "fresh2": FRESH2_SHAPES,
          "fresh3": FRESH3_SHAPES, "slices": SLICES_SHAPES,
-         "fresh4": FRESH4_SHAPES}
+         "fresh4": FRESH4_SHAPES, "fresh5": FRESH5_SHAPES}
 
 
 def cases(grid: str = "table"):

@@ -66,17 +66,20 @@ SHAPES = {  # (M, N, K): odd and round, skinny and deep
                (3968, 633, 1792), (59, 80, 11088), (64, 1104, 4544), (64, 659, 490), (64, 160, 3840)],
     # after stop 51's CUTLASS 2 slice alignment was frozen (library_gemm.py's fresh4, unbatched)
     "fresh4": [s[1:] for s in G.FRESH4_SHAPES if s[0] is None],
+    # after stop 52's refit (library_gemm.py's fresh5, unbatched)
+    "fresh5": [s[1:] for s in G.FRESH5_SHAPES if s[0] is None],
 }
 BLOCK_SHAPES = {  # fp8 block scales along K: K a multiple of 128
     "dev": [(256, 768, 512), (384, 128, 1280), (512, 1024, 4096), (128, 4096, 7168), (2048, 2048, 2048),
             (200, 512, 1024)],
     "held-out": [(640, 1536, 3072), (96, 2048, 1024), (1024, 512, 6144), (320, 896, 2560)],
     "dry": [(16, 24, 256)],
-    "fresh": [], "fresh2": [], "serial": [], "fresh3": [], "fresh4": [],
+    "fresh": [], "fresh2": [], "serial": [], "fresh3": [], "fresh4": [], "fresh5": [],
 }
 BLOCK_PAIRS = (("1x128", "1x128"), ("1x128", "128x128"), ("128x128", "1x128"))  # (scale_a, scale_b) recipes
 BATCHED = {"dev": [(4, 512, 512, 1024), (2, 77, 3072, 768)], "held-out": [(3, 200, 640, 1536), (8, 64, 1024, 4096)],
-           "dry": [(2, 16, 24, 32)], "fresh": [], "fresh2": [], "serial": [], "fresh3": [], "fresh4": []}  # torch.baddbmm: (batch, M, N, K)
+           "dry": [(2, 16, 24, 32)], "fresh": [], "fresh2": [], "serial": [], "fresh3": [], "fresh4": [],
+           "fresh5": []}  # torch.baddbmm: (batch, M, N, K)
 LIB = {"mm": "torch.mm", "matmul": "torch.matmul", "linear": "F.linear", "addmm": "torch.addmm", "baddbmm": "torch.baddbmm",
        "scaled": "torch._scaled_mm", "dense": "jax.jit(x @ W [+ b])"}
 SCALES = (float(np.float32(0.0123)), float(np.float32(3.7)))  # per-tensor fp8 scales: inexact product in f32
@@ -497,7 +500,7 @@ def save(args, runner, mode, settings, arrays, meta, t0) -> Path:
               + f" --seed-salt {args.seed_salt} --out OUTDIR" + (" --dry-run" if args.dry_run else "")
               + (f" --layers {args.layers}" if args.layers else "")}
     suffix = ({"dev": "", "held-out": "_heldout", "dry": "_dry", "fresh": "_fresh", "fresh2": "_fresh2",
-               "serial": "_serial", "fresh3": "_fresh3", "fresh4": "_fresh4"}[args.grid]
+               "serial": "_serial", "fresh3": "_fresh3", "fresh4": "_fresh4", "fresh5": "_fresh5"}[args.grid]
               + (f"_salt{args.seed_salt}" if args.seed_salt else "")
               + ("_" + args.layers.replace(",", "_") if args.layers else ""))
     gpu = "cpu" if args.dry_run else LG.gpu_name()
