@@ -13,9 +13,17 @@ value and register level give the same bits both ways on representative forms of
 On the CPU, MMAs and GEMMs run the compiled kernel (tcemu/_src/native) where it covers the model;
 the second, x64 run of :data:`X64_MODULES` runs the pure-JAX engine instead (``TCEMU_NATIVE=0``),
 so both are checked against the hardware captures and the published vectors.
+
+``TCEMU_FULL=1`` runs every case of every test. Unset (CI), the families in :data:`CI_SAMPLE`
+run every k-th of their selected cases, to keep CI under 20 minutes on 2 cores: families whose
+cases each compile a program of their own (a form at register level, a capture file, a schedule)
+while a cheaper test covers every form (value level) or the same rule. A developer runs the whole
+suite with ``TCEMU_FULL=1`` before a stop; a test picked by name or ``-k`` always runs (the sample
+is taken of the tests selected).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import os
@@ -37,11 +45,59 @@ X64_ENV = os.environ.get("TCEMU_X64")
 X64_MODULES = ("test_wgmma_hw", "test_wgmma_regs_hw", "test_wgmma_sp_hw", "test_peer_vectors")
 
 
+FULL_ENV = os.environ.get("TCEMU_FULL")
+# (test module, test function) -> k: without TCEMU_FULL=1, every k-th selected case runs
+CI_SAMPLE = {
+    ("test_wmma_mma_hw", "test_register_level_matches_h200"): 3,  # value level: every form
+    ("test_mma_sync_hw", "test_register_level_matches_h200"): 2,
+    ("test_signed_zeros_hw", "test_mma_sync_register_level"): 2,
+    ("test_signed_zeros_hw", "test_mma_sync_value_level"): 2,
+    ("test_signed_zeros_hw", "test_wgmma_value_level"): 2,
+    ("test_signed_zeros_hw", "test_wmma_value_and_register_level"): 2,
+    ("test_mma_sp_hw", "test_value_level_matches_h100"): 2,
+    ("test_wgmma_regs_hw", "test_numerics_bit_exact"): 2,
+    ("test_peer_vectors", "test_peer_set_bit_exact"): 2,
+    ("test_mmasim", "test_value_level"): 2,
+    ("test_mfma_regs", "test_register_level_on_mmasim_vectors"): 2,
+    ("test_probe", "test_probe_recovers_amd_preset"): 2,
+    ("test_native", "test_schedules_equal_engine"): 2,
+    ("test_native", "test_mma_equal_engine"): 2,
+    ("test_native", "test_families_equal_engine"): 2,
+    ("test_x64", "test_engine_paths_same_bits"): 2,
+    ("test_x64", "test_value_level_same_bits"): 2,
+    ("test_schedule", "test_matmul_follows_schedule"): 2,
+    ("test_schedule", "test_serial_split_k_runs_the_epilogue_per_slice"): 2,
+    ("test_gemm_epilogue", "test_epilogue_against_numpy_model"): 2,
+    ("test_library", "test_library_config_reproduces_captures"): 2,
+    ("test_library", "test_identify_reproduces_held_out_rows"): 2,
+    ("test_library", "test_identify_with_the_library_reproduces_held_out_rows"): 2,
+    ("test_library_layers", "test_presets_reproduce_captured_layers"): 2,
+    ("test_library_records", "test_identify_finds_serial_split_k_with_the_epilogue"): 2,
+}
+
+
 def pytest_configure(config):
     if X64_ENV not in (None, "0", "1"):
         raise pytest.UsageError(f"TCEMU_X64={X64_ENV!r}; valid: 0 (x64 off), 1 (x64 on), or unset")
+    if FULL_ENV not in (None, "0", "1"):
+        raise pytest.UsageError(f"TCEMU_FULL={FULL_ENV!r}; valid: 1 (every case), 0 or unset (CI's sample)")
     if X64_ENV == "1":  # before any test module is imported
         jax.config.update("jax_enable_x64", True)
+
+
+@pytest.hookimpl(trylast=True)  # after -k and -m: the sample is of the selected tests
+def pytest_collection_modifyitems(config, items):
+    if FULL_ENV == "1":
+        return
+    seen, keep, drop = collections.Counter(), [], []
+    for item in items:
+        family = (item.module.__name__, getattr(item, "originalname", item.name))
+        k = CI_SAMPLE.get(family, 1)
+        (keep if seen[family] % k == 0 else drop).append(item)
+        seen[family] += 1
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 def pytest_generate_tests(metafunc):

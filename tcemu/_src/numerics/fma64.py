@@ -141,12 +141,14 @@ def fma_chain_bits(a_bits, b_bits, c_bits, rnd: str = "rn", **nan_rule):
     require_x64()
     if rnd not in ROUNDINGS:
         raise ValueError(f"f64 rounding must be one of {ROUNDINGS}, got {rnd!r}")
-    d = jnp.asarray(c_bits, _U)
-    a_bits = jnp.asarray(a_bits, _U)
-    b_bits = jnp.asarray(b_bits, _U)
-    for k in range(a_bits.shape[-1]):
-        d = _fma(a_bits[..., :, k:k + 1], b_bits[..., k:k + 1, :], d, rnd, **nan_rule)
-    return d
+    a_bits, b_bits = jnp.asarray(a_bits, _U), jnp.asarray(b_bits, _U)
+    d = jnp.broadcast_to(jnp.asarray(c_bits, _U), jnp.broadcast_shapes(a_bits.shape[:-1] + (1,),
+                                                                      b_bits.shape[:-2] + (1, b_bits.shape[-1]),
+                                                                      jnp.shape(c_bits)))
+    # one FMA per k in a scan (an unrolled chain compiles in time linear in K)
+    step = lambda d, ab: (_fma(ab[0], ab[1], d, rnd, **nan_rule), None)  # noqa: E731
+    xs = (jnp.moveaxis(a_bits, -1, 0)[..., None], jnp.moveaxis(b_bits, -2, 0)[..., None, :])
+    return jax.lax.scan(step, d, xs)[0]
 
 
 def fma_chain(a, b, c, rnd: str = "rn"):
