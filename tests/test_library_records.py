@@ -60,7 +60,9 @@ H200_RECORDED = [("library_gemm_h200_torch_slices.npz", "cublas_records_h200_sli
                  # held out: 18 shapes captured after that rule was frozen (7943db5); every row of
                  # its 640 cases with these records: experiments/hardware/README.md
                  ("library_gemm_h200_torch_fresh4.npz", "cublas_records_h200_fresh4.json.gz", 6),
-                 ("layer_gemm_h200_torch_default_fresh4.npz", "cublas_records_h200_fresh4.json.gz", 15)]
+                 ("layer_gemm_h200_torch_default_fresh4.npz", "cublas_records_h200_fresh4.json.gz", 15),
+                 # 14 shapes captured after stop 52's refit: every row of 468 cases right (README)
+                 ("library_gemm_h200_torch_fresh5.npz", "cublas_records_h200_fresh5.json.gz", 4)]
 
 
 # every stride-th case (CI time); each sample holds cases whose slices the rule changes
