@@ -76,6 +76,11 @@ def test_fit_files_name_their_features(tmp_path):
         json.dump(dict(fit, header=dict(fit["header"], features=list(F.FEATURES[:-1]))), f)
     with pytest.raises(ValueError, match="other features than library_fit.FEATURES"):
         F.load(str(path))
+    unnamed = tmp_path / "unnamed.json.gz"
+    with gzip.open(unnamed, "wt") as f:
+        json.dump(dict(fit, header={k: v for k, v in fit["header"].items() if k != "features"}), f)
+    with pytest.raises(ValueError, match="other features than library_fit.FEATURES"):
+        F.load(str(unnamed))
 
 
 def test_fit_only_for_the_shipped_records(tmp_path):

@@ -303,3 +303,18 @@ def test_identify_block_scale_errors():
     with pytest.raises(ValueError, match="scale_block=128 go with block scales"):
         tcemu.identify(a, b, d, arch="H100", scale_a=np.ones((4, 1)), scale_b=np.ones((1, 8)),
                        epilogues=[tcemu.Epilogue(scale_block=128)])
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--out", "o", "--only", "grid", "--seed", "0"], "--seed and --count go with --only random"),
+    (["--out", "o", "--count", "5"], "--seed and --count go with --only random"),
+    (["--out", "o", "--only", "captures", "--unaligned"], "--seed and --count go with --only random"),
+    (["--out", "o", "--only", "random", "--captures", "a.npz"], "--captures goes with --only captures"),
+    (["--only", "random"], "--out is required"),
+])
+def test_cublas_record_refuses_misplaced_options(argv, match, capsys):
+    from cublas_record import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and match in capsys.readouterr().err

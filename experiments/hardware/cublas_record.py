@@ -126,8 +126,8 @@ def main(argv=None):
     p.add_argument("--out")
     p.add_argument("--quick", action="store_true", help="a few shapes of the grid (plumbing check)")
     p.add_argument("--only", choices=("grid", "captures", "random"))
-    p.add_argument("--seed", type=int, default=0, help="--only random: the shapes' seed")
-    p.add_argument("--count", type=int, default=2000, help="--only random: how many shapes")
+    p.add_argument("--seed", type=int, help="--only random: the shapes' seed (default 0)")
+    p.add_argument("--count", type=int, help="--only random: how many shapes (default 2000)")
     p.add_argument("--captures", nargs="+", metavar="NPZ", help="--only captures: these captures' shapes (file name "
                                                                  "..._captures_<first capture's name>)")
     p.add_argument("--unaligned", action="store_true", help="--only random: only shapes whose K or N is not a "
@@ -138,12 +138,13 @@ def main(argv=None):
         return
     if not args.out:
         p.error("--out is required (or --merge)")
-    if args.only != "random" and (args.unaligned or args.seed or args.count != 2000):
+    if args.only != "random" and (args.unaligned or args.seed is not None or args.count is not None):
         p.error("--unaligned, --seed and --count go with --only random")
     if args.captures and args.only != "captures":
         p.error("--captures goes with --only captures")
     gpu = gpu_name()
     if args.only == "random":
+        args.seed, args.count = args.seed or 0, 2000 if args.count is None else args.count
         kind = "unaligned" if args.unaligned else "random"
         R.record(Path(args.out) / f"cublas_records_{gpu}_{kind}{args.seed}.json.gz",
                  shapes=random_shapes(args.seed, args.count, args.unaligned))

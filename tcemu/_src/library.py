@@ -128,9 +128,10 @@ def _kernel_form(row: dict, cfg: GemmConfig, K: int, N: int) -> GemmConfig:
     bits at its K: the schedule ``identify`` found can be another one that coincides at that K
     (e.g. residue last where K is a multiple of the k-tile) and differs at the K asked for. nvjet
     kernels run one chain in 64-wide k-tiles, residue last (split-K: slices aligned to the
-    k-tiles); CUTLASS 2 kernels run the partial k-tile first (split-K: slices of 16 bytes, the
-    residue first in each). cuBLAS runs CUTLASS 2 kernels where K or N is not a multiple of 8: such
-    a shape whose nearest row ran an unsplit nvjet kernel takes the CUTLASS 2 chain."""
+    k-tiles); CUTLASS 2 kernels run the partial k-tile first (split-K: slices aligned as
+    :func:`cutlass_slice_alignment` says at each K, the residue first in each). cuBLAS runs
+    CUTLASS 2 kernels where K or N is not a multiple of 8: such a shape whose nearest row ran an
+    unsplit nvjet kernel takes the CUTLASS 2 chain."""
     names = " ".join(row["kernels"])
     s, k = cfg.schedule, cfg.ins.k
     if row["lib"] not in ("torch.mm", "torch.bmm") or s.promotion:
@@ -138,13 +139,15 @@ def _kernel_form(row: dict, cfg: GemmConfig, K: int, N: int) -> GemmConfig:
     if cublas_family(K, N) == "cutlass" and "nvjet" in names and s.slices == 1:
         return cfg.replace(schedule=KSchedule(k_tile=64, residue="first"))
     if "nvjet" in names:
-        form = KSchedule(k_tile=64, slices=s.slices) if s.slices > 1 else KSchedule()
+        def form(at):
+            return KSchedule(k_tile=64, slices=s.slices) if s.slices > 1 else KSchedule()
     elif "cutlass" in names:
-        align = slice_alignment(row["a"], row["b"]) if s.slices > 1 else 0
-        form = KSchedule(k_tile=64, residue="first", slices=s.slices, slice_align=align, partials=s.partials)
+        def form(at):  # slices aligned at depth ``at``
+            align = cutlass_slice_alignment(at, row["a"], row["b"]) if s.slices > 1 else 0
+            return KSchedule(k_tile=64, residue="first", slices=s.slices, slice_align=align, partials=s.partials)
     else:
         return cfg
-    return cfg.replace(schedule=form) if form.equivalent(s, row["K"], k) else cfg
+    return cfg.replace(schedule=form(K)) if form(row["K"]).equivalent(s, row["K"], k) else cfg
 
 
 def _tiles(M, N, batch):

@@ -67,11 +67,12 @@ def features(M: int, N: int, K: int, batch, align: int, sms: int) -> np.ndarray:
 @functools.lru_cache(maxsize=4)
 def load(path: str) -> dict:
     """The fitted trees of ``path``: header, groups (class string -> tree), trees, templates.
-    Trees fitted on other features than :data:`FEATURES` are refused."""
+    Trees fitted on other features than :data:`FEATURES`, or whose header does not name them, are
+    refused."""
     with gzip.open(path, "rt") as f:
         fit = json.load(f)
-    if fit["header"].get("features", list(FEATURES)) != list(FEATURES):
-        raise ValueError(f"{path}: fitted on other features than library_fit.FEATURES: refit it "
+    if fit["header"].get("features") != list(FEATURES):
+        raise ValueError(f"{path}: fitted on other features than library_fit.FEATURES (or names none): refit it "
                          "(experiments/hardware/fit_records.py)")
     return fit
 

@@ -195,10 +195,10 @@ def lookup(path: str, lib: str, batch, M: int, N: int, K: int, a: str, b: str, o
     def nearest(rows):
         return min(rows, key=lambda r: (dist(r), r["M"] * r["N"] * r["K"]))
 
-    corners = _corners(path, _class(k), M, N, K, batch)
-    if corners and len({_form(r, K) for r in corners}) == 1:
+    corners = {_form(r, K) for r in _corners(path, _class(k), M, N, K, batch) or ()}
+    if len(corners) == 1:
         best = nearest(_grid_by_class(path)[_class(k)])
-        if _form(corners[0], K) == _form(best, K):
+        if corners == {_form(best, K)}:
             return best, "rule"
     fit = library_fit.fitted_path(path, SHIPPED)
     template = library_fit.predict(fit, _class(k), M, N, K, batch) if fit else None

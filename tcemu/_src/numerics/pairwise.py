@@ -6,9 +6,7 @@ rounded to nearest even. With ``subnormal_inputs=False`` inputs and C below the 
 below 2**-126 becomes a zero of its sign. Integer arithmetic throughout
 (:mod:`~tcemu._src.numerics.fp32`).
 
-    >>> import jax
-import jax
-import jax.numpy as jnp
+    >>> import jax.numpy as jnp
     >>> from tcemu._src import formats as fm
     >>> from tcemu._src.numerics import pairwise, presets
     >>> a = fm.to_bits(jnp.array([[2.0**-70, 2.0**-70, 1.0, 0.0]], jnp.bfloat16), "bf16")
