@@ -45,6 +45,10 @@ INSTRUCTIONS = [
     ("v_mfma_f32_32x32x8f16", jnp.float16, jnp.float32, "MI100"),  # CDNA1's exact sums (integer limbs)
     ("v_mfma_f32_32x32x4bf16", jnp.bfloat16, jnp.float32, "MI100"),
     ("v_mfma_i32_16x16x32_i8", jnp.int8, jnp.int32, "MI300X"),
+    # f64: FMA chains in integer arithmetic (x64 on; native in float64)
+    ("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64", np.float64, np.float64, None),
+    ("mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64", np.float64, np.float64, None),
+    ("v_mfma_f64_16x16x4f64", np.float64, np.float64, "MI300X"),
 ]
 
 
@@ -61,39 +65,45 @@ def main():
     for sp, adt, cdt, arch in INSTRUCTIONS:
         if args.only not in sp:
             continue
-        arch = arch or args.arch
-        ins = parse_mfma(sp, arch) if sp.startswith("v_mfma") else parse(sp)
-        T, M, N, K = args.tiles, ins.m, ins.n, ins.k
-        bdt = ml_dtypes.float8_e5m2fnuz if sp.endswith("fp8_bf8") else adt
-        if np.dtype(adt).kind == "i":
-            a = jnp.asarray(rng.integers(-128, 128, (T, M, K)), adt)
-            b = jnp.asarray(rng.integers(-128, 128, (T, K, N)), adt)
-            c = jnp.asarray(rng.integers(-1000, 1000, (T, M, N)), cdt)
-        else:
-            a = jnp.asarray(rng.standard_normal((T, M, K)).astype(adt))
-            b = jnp.asarray(rng.standard_normal((T, K, N)).astype(bdt))
-            c = jnp.asarray(rng.standard_normal((T, M, N)).astype(cdt))
-        scales = {}
-        if ins.scale_vec:  # ue8m0 codes around 2**0
-            scales = dict(scale_a=jnp.asarray(rng.integers(120, 135, (T, M, ins.scale_vec)), jnp.uint8),
-                          scale_b=jnp.asarray(rng.integers(120, 135, (T, ins.scale_vec, N)), jnp.uint8))
-        emu = jax.jit(lambda a, b, c, sp=sp, arch=arch, s=scales: tcemu.mma(sp, a, b, c, arch=arch, **s))
-        nat_t = jnp.int32 if np.dtype(adt).kind == "i" else jnp.float32
-        native = jax.jit(lambda a, b, c: jnp.matmul(a.astype(nat_t), b.astype(nat_t), precision="highest") + c)
-        # interleaved rounds: this machine's speed drifts, so both sides see the same conditions
-        e_ts, n_ts = [], []
-        for _ in range(args.rounds):
-            e_ts.append(timeit(emu, a, b, c, repeats=args.repeats))
-            n_ts.append(timeit(native, a, b, c, repeats=args.repeats))
-        e_best, e_med = min(t[0] for t in e_ts), sorted(t[1] for t in e_ts)[len(e_ts) // 2]
-        n_best = min(t[0] for t in n_ts)
-        eq = M * N * K / 2048
-        rows.append([sp.replace(".sync.aligned", ""), T, f"{e_best * 1e3:.2f}", f"{T / e_best:,.0f}",
-                     f"{T * eq / e_best:,.0f}", f"{T * eq / e_med:,.0f}", f"{n_best * 1e3:.3f}", f"{e_best / n_best:.1f}"])
+        with jax.enable_x64(adt == np.float64):
+            rows.append(_row(args, rng, sp, adt, cdt, arch))
     print(f"device: {device_name()}  arch preset: {args.arch} (kind:: forms: RTX5090; v_mfma: MI300X, MI250X, MI100)  "
           f"tiles per call: {args.tiles}")
     print(table(rows, ["instruction", "tiles", "emu ms", "MMAs/s", "m16n8k16-eq/s", "(median)", "native ms",
                        "emu/native"]))
+
+
+def _row(args, rng, sp, adt, cdt, arch):
+    """One table row: ``sp`` emulated and native on the same random operands."""
+    arch = arch or args.arch
+    ins = parse_mfma(sp, arch) if sp.startswith("v_mfma") else parse(sp)
+    T, M, N, K = args.tiles, ins.m, ins.n, ins.k
+    bdt = ml_dtypes.float8_e5m2fnuz if sp.endswith("fp8_bf8") else adt
+    if np.dtype(adt).kind == "i":
+        a = jnp.asarray(rng.integers(-128, 128, (T, M, K)), adt)
+        b = jnp.asarray(rng.integers(-128, 128, (T, K, N)), adt)
+        c = jnp.asarray(rng.integers(-1000, 1000, (T, M, N)), cdt)
+    else:
+        a = jnp.asarray(rng.standard_normal((T, M, K)).astype(adt))
+        b = jnp.asarray(rng.standard_normal((T, K, N)).astype(bdt))
+        c = jnp.asarray(rng.standard_normal((T, M, N)).astype(cdt))
+    scales = {}
+    if ins.scale_vec:  # ue8m0 codes around 2**0
+        scales = dict(scale_a=jnp.asarray(rng.integers(120, 135, (T, M, ins.scale_vec)), jnp.uint8),
+                      scale_b=jnp.asarray(rng.integers(120, 135, (T, ins.scale_vec, N)), jnp.uint8))
+    emu = jax.jit(lambda a, b, c, sp=sp, arch=arch, s=scales: tcemu.mma(sp, a, b, c, arch=arch, **s))
+    nat_t = jnp.int32 if np.dtype(adt).kind == "i" else jnp.float64 if adt == np.float64 else jnp.float32
+    native = jax.jit(lambda a, b, c: jnp.matmul(a.astype(nat_t), b.astype(nat_t), precision="highest") + c)
+    # interleaved rounds: this machine's speed drifts, so both sides see the same conditions
+    e_ts, n_ts = [], []
+    for _ in range(args.rounds):
+        e_ts.append(timeit(emu, a, b, c, repeats=args.repeats))
+        n_ts.append(timeit(native, a, b, c, repeats=args.repeats))
+    e_best, e_med = min(t[0] for t in e_ts), sorted(t[1] for t in e_ts)[len(e_ts) // 2]
+    n_best = min(t[0] for t in n_ts)
+    eq = M * N * K / 2048
+    return [sp.replace(".sync.aligned", ""), T, f"{e_best * 1e3:.2f}", f"{T / e_best:,.0f}",
+            f"{T * eq / e_best:,.0f}", f"{T * eq / e_med:,.0f}", f"{n_best * 1e3:.3f}", f"{e_best / n_best:.1f}"]
 
 
 if __name__ == "__main__":

@@ -33,8 +33,8 @@ def _fit(tmp_path):
             "left": [1, -1, 3, -1, -1], "right": [2, -1, 4, -1, -1], "leaf": [-1, 0, -1, 1, 2]}
     path = tmp_path / "fit.json.gz"
     with gzip.open(path, "wt") as f:
-        json.dump({"header": {"gpu": "NVIDIA H200", "sms": 132}, "groups": {F.group_key(CLS): 0}, "trees": [tree],
-                   "templates": [NVJET, SPLIT, SERIAL]}, f)
+        json.dump({"header": {"gpu": "NVIDIA H200", "sms": 132, "features": list(F.FEATURES)},
+                   "groups": {F.group_key(CLS): 0}, "trees": [tree], "templates": [NVJET, SPLIT, SERIAL]}, f)
     return str(path)
 
 

@@ -18,7 +18,6 @@ below 2**-126 becomes a zero of its sign. Integer arithmetic throughout
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from tcemu._src import formats as fm
@@ -51,6 +50,6 @@ def pairwise_dot(a_bits, afmt: fm.FloatFormat, b_bits, bfmt: fm.FloatFormat, c_b
     s = out(fp32.add(prod[..., 0::P], prod[..., 1::P]))  # every block's first pair
     if P == 4:
         s = out(fp32.add(s, out(fp32.add(prod[..., 2::P], prod[..., 3::P]))))
-    d = jnp.broadcast_to(d, jnp.broadcast_shapes(d.shape, s.shape[:-1]))
-    # the accumulator: one block after the other, in a scan (an unrolled chain compiles in time linear in K)
-    return jax.lax.scan(lambda d, sj: (out(fp32.add(d, sj)), None), d, jnp.moveaxis(s, -1, 0))[0]
+    for j in range(K // P):  # the accumulator: one block after the other
+        d = out(fp32.add(d, s[..., j]))
+    return d
