@@ -20,7 +20,9 @@ run every k-th of their selected cases, to keep CI short on 2 cores: families wh
 cases each compile a program of their own (a form at register level, a capture file, a schedule)
 while a cheaper test covers every form (value level) or the same rule. A developer runs the whole
 suite with ``TCEMU_FULL=1`` before a stop; a test picked by name or ``-k`` always runs (the sample
-is taken of the tests selected).
+is taken of the tests selected). In the x64 modules the x64 run takes the cases the x32 run leaves
+out. Without ``TCEMU_FULL=1`` XLA compiles with :data:`CI_XLA_FLAGS` (faster to compile, the
+same bits).
 """
 from __future__ import annotations
 
@@ -47,39 +49,48 @@ X64_MODULES = ("test_wgmma_hw", "test_wgmma_regs_hw", "test_wgmma_sp_hw", "test_
 
 
 FULL_ENV = os.environ.get("TCEMU_FULL")
+FULL = FULL_ENV == "1"  # every case (tests that sample inside read it)
+# Without TCEMU_FULL=1 XLA compiles the tests' programs faster: LLVM at its lowest optimisation
+# level, fusions by the elemental emitter (half of XLA's compile time: most of CI's time is XLA
+# compiling small programs); TCEMU_FULL=1 compiles as users' programs are compiled.
+# tests/test_xla_flags.py checks that both give the same bits. A flag XLA_FLAGS sets is kept.
+CI_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+if FULL_ENV != "1":
+    os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", "")] + [
+        f for f in CI_XLA_FLAGS if f.split("=")[0] not in os.environ.get("XLA_FLAGS", "")]).strip()
 # (test module, test function) -> k: without TCEMU_FULL=1, every k-th selected case runs
 CI_SAMPLE = {
-    ("test_wmma_mma_hw", "test_register_level_matches_h200"): 3,  # value level: every form
-    ("test_mma_sync_hw", "test_register_level_matches_h200"): 2,
+    ("test_wmma_mma_hw", "test_register_level_matches_h200"): 4,  # value level: every form
+    ("test_mma_sync_hw", "test_register_level_matches_h200"): 3,
     ("test_signed_zeros_hw", "test_mma_sync_register_level"): 2,
     ("test_signed_zeros_hw", "test_mma_sync_value_level"): 2,
     ("test_signed_zeros_hw", "test_wgmma_value_level"): 2,
     ("test_signed_zeros_hw", "test_wmma_value_and_register_level"): 2,
     ("test_mma_sp_hw", "test_value_level_matches_h100"): 2,
     ("test_wgmma_regs_hw", "test_numerics_bit_exact"): 2,
-    ("test_peer_vectors", "test_peer_set_bit_exact"): 2,
+    ("test_peer_vectors", "test_peer_set_bit_exact"): 3,
     ("test_mmasim", "test_value_level"): 2,
-    ("test_mfma_regs", "test_register_level_on_mmasim_vectors"): 2,
+    ("test_mfma_regs", "test_register_level_on_mmasim_vectors"): 3,
     ("test_probe", "test_probe_recovers_amd_preset"): 2,
     ("test_native", "test_schedules_equal_engine"): 2,
     ("test_native", "test_mma_equal_engine"): 2,
     ("test_native", "test_families_equal_engine"): 2,
     ("test_x64", "test_engine_paths_same_bits"): 2,
     ("test_x64", "test_value_level_same_bits"): 2,
-    ("test_schedule", "test_matmul_follows_schedule"): 2,
+    ("test_schedule", "test_matmul_follows_schedule"): 3,
     ("test_schedule", "test_serial_split_k_runs_the_epilogue_per_slice"): 2,
-    ("test_gemm_epilogue", "test_epilogue_against_numpy_model"): 2,
+    ("test_gemm_epilogue", "test_epilogue_against_numpy_model"): 3,
     ("test_library", "test_library_config_reproduces_captures"): 2,
-    ("test_library", "test_identify_reproduces_held_out_rows"): 2,
+    ("test_library", "test_identify_reproduces_held_out_rows"): 3,
     ("test_library", "test_identify_with_the_library_reproduces_held_out_rows"): 2,
-    ("test_library_layers", "test_presets_reproduce_captured_layers"): 2,
+    ("test_library_layers", "test_presets_reproduce_captured_layers"): 4,
     ("test_library_records", "test_identify_finds_serial_split_k_with_the_epilogue"): 2,
-    ("test_library_records", "test_tcemu_record_reproduces_h200_captures"): 2,
-    ("test_library_records", "test_shipped_records_reproduce_captures"): 2,
-    ("test_library_records", "test_tcemu_record_reproduces_a_fresh_capture"): 2,
-    ("test_library", "test_identify_tries_the_records_at_the_whole_shape_first"): 2,
-    ("test_library_xla", "test_held_out_fresh3_without_the_hlo"): 2,
-    ("test_mfma", "test_value_level"): 2,
+    ("test_library_records", "test_tcemu_record_reproduces_h200_captures"): 3,
+    ("test_library_records", "test_shipped_records_reproduce_captures"): 4,
+    ("test_library_records", "test_tcemu_record_reproduces_a_fresh_capture"): 4,
+    ("test_library", "test_identify_tries_the_records_at_the_whole_shape_first"): 4,
+    ("test_library_xla", "test_held_out_fresh3_without_the_hlo"): 4,
+    ("test_mfma", "test_value_level"): 3,
     ("test_mfma_cdna1", "test_value_level"): 2,
     ("test_mfma_regs", "test_modifiers_equal_the_value_level"): 2,
     ("test_mmasim", "test_register_level_sm120"): 2,
@@ -97,6 +108,7 @@ CI_SAMPLE = {
     ("test_gemm_kscales", "test_block_scaled_promotion_against_model"): 2,
     ("test_gemm_epilogue", "test_identify_finds_the_epilogue"): 2,
     ("test_emulate", "test_emulated_conv_is_exact_on_exactly_summable_inputs"): 2,
+    ("test_probe", "test_probe_tells_apart_one_amd_field"): 2,
 }
 
 
@@ -118,8 +130,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         family = (item.module.__name__, getattr(item, "originalname", item.name))
         k = CI_SAMPLE.get(family, 1)
-        (keep if seen[family] % k == 0 else drop).append(item)
-        seen[family] += 1
+        # in the x64 modules the x64 run takes the cases the x32 run leaves (k = 2: each case once)
+        mode = getattr(getattr(item, "callspec", None), "params", {}).get("x64_mode")
+        (keep if (seen[family, mode] + bool(mode)) % k == 0 else drop).append(item)
+        seen[family, mode] += 1
     if FULL_ENV == "rest":
         keep, drop = drop, keep
     if drop:
@@ -177,8 +191,8 @@ def run_on_devices(script: str, devices: int, *, platform: str = "cpu", timeout:
     (``--xla_force_host_platform_device_count``). ``env``: more environment variables. Returns
     the ``subprocess.CompletedProcess`` (text stdout and stderr)."""
     env = dict(os.environ, JAX_PLATFORMS=platform, PYTHONPATH=str(ROOT), **env)
-    if platform == "cpu":
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    if platform == "cpu":  # the CI flags kept
+        env["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip()
     return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=timeout)
 
 

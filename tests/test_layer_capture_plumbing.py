@@ -70,6 +70,26 @@ def test_grid():
     assert np.float32(L.SCALES[0]) * np.float32(L.SCALES[1]) != np.float64(L.SCALES[0]) * L.SCALES[1]
 
 
+def test_file_names_follow_the_grid():
+    # every committed library and layer capture: the grid its header's command names gives the
+    # suffix its file was saved under (layer_gemm.save, library_gemm.save)
+    import json
+    import re
+    seen = set()
+    for p in sorted((ROOT / "tests" / "data").glob("l*_gemm_h*.npz")):
+        with np.load(p) as z:
+            header = json.loads(str(z["meta"]))["header"]
+        m = re.search(r"--grid (\S+)", header["command"])
+        grid = m.group(1) if m else "table"
+        lib, mode = re.search(r"--lib (\w+)", header["command"]).group(1), header.get("mode")
+        stem = ("layer_gemm_h\\d00_" + lib + "_" + mode if mode else
+                "library_gemm_h\\d00_" + lib + ("_autotune0" if "autotune_level=0" in header["command"] else ""))
+        tail = r"(_salt\d+)?(_scaled_block|_scaled_mm|_process\d)?\.npz"
+        assert re.fullmatch(stem + L.G.grid_suffix(grid) + tail, p.name), (p.name, grid)
+        seen.add(grid)
+    assert seen >= {"table", "dev", "held-out", "fresh", "fresh2", "fresh3", "fresh4", "fresh5", "slices", "serial"}
+
+
 def _values(bits, fmt):
     return np.asarray(bits).view(C.NUMPY[fmt]).astype(np.float64)
 

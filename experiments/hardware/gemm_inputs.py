@@ -113,6 +113,13 @@ FRESH5_SHAPES = draw_shapes(20261230, 14)
 GRIDS = {"table": SHAPES, "held-out": HELD_OUT_SHAPES, "fresh": FRESH_SHAPES, "fresh2": FRESH2_SHAPES,
          "fresh3": FRESH3_SHAPES, "slices": SLICES_SHAPES,
          "fresh4": FRESH4_SHAPES, "fresh5": FRESH5_SHAPES}
+UNSUFFIXED = ("table", "dev")  # the development grids of library_gemm.py and layer_gemm.py
+
+
+def grid_suffix(grid: str) -> str:
+    """The capture file's suffix for a grid: none for the development grid, ``_heldout`` for
+    held-out, ``_<grid>`` for the others."""
+    return "" if grid in UNSUFFIXED else "_" + grid.replace("-", "")
 
 
 def cases(grid: str = "table"):

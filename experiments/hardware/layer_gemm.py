@@ -74,12 +74,10 @@ BLOCK_SHAPES = {  # fp8 block scales along K: K a multiple of 128
             (200, 512, 1024)],
     "held-out": [(640, 1536, 3072), (96, 2048, 1024), (1024, 512, 6144), (320, 896, 2560)],
     "dry": [(16, 24, 256)],
-    "fresh": [], "fresh2": [], "serial": [], "fresh3": [], "fresh4": [], "fresh5": [],
-}
+}  # the other grids: none
 BLOCK_PAIRS = (("1x128", "1x128"), ("1x128", "128x128"), ("128x128", "1x128"))  # (scale_a, scale_b) recipes
 BATCHED = {"dev": [(4, 512, 512, 1024), (2, 77, 3072, 768)], "held-out": [(3, 200, 640, 1536), (8, 64, 1024, 4096)],
-           "dry": [(2, 16, 24, 32)], "fresh": [], "fresh2": [], "serial": [], "fresh3": [], "fresh4": [],
-           "fresh5": []}  # torch.baddbmm: (batch, M, N, K)
+           "dry": [(2, 16, 24, 32)]}  # torch.baddbmm: (batch, M, N, K); the other grids: none
 LIB = {"mm": "torch.mm", "matmul": "torch.matmul", "linear": "F.linear", "addmm": "torch.addmm", "baddbmm": "torch.baddbmm",
        "scaled": "torch._scaled_mm", "dense": "jax.jit(x @ W [+ b])"}
 SCALES = (float(np.float32(0.0123)), float(np.float32(3.7)))  # per-tensor fp8 scales: inexact product in f32
@@ -133,11 +131,11 @@ def cases(grid="dev", lib="torch", salt=0) -> list:
                     for bias in (None, "bf16"):
                         for fast in (False, True):
                             add("scaled_mm", s, "e4m3", o, bias=bias, scaling=scaling, use_fast_accum=fast)
-    for M, N, K in BLOCK_SHAPES[grid] if lib == "torch" else ():
+    for M, N, K in BLOCK_SHAPES.get(grid, []) if lib == "torch" else ():
         for pair in BLOCK_PAIRS:
             for o in ("bf16", "f32"):
                 add("scaled_block", (None, M, N, K), "e4m3", o, scaling=pair)
-    for s in BATCHED[grid] if lib == "torch" else ():
+    for s in BATCHED.get(grid, []) if lib == "torch" else ():
         for t in ("f16", "bf16"):
             add("baddbmm_c", s, t, c=t)
     return out
@@ -499,8 +497,7 @@ def save(args, runner, mode, settings, arrays, meta, t0) -> Path:
               + f"python experiments/hardware/layer_gemm.py --lib {args.lib} --mode {mode} --grid {args.grid}"
               + f" --seed-salt {args.seed_salt} --out OUTDIR" + (" --dry-run" if args.dry_run else "")
               + (f" --layers {args.layers}" if args.layers else "")}
-    suffix = ({"dev": "", "held-out": "_heldout", "dry": "_dry", "fresh": "_fresh", "fresh2": "_fresh2",
-               "serial": "_serial", "fresh3": "_fresh3", "fresh4": "_fresh4", "fresh5": "_fresh5"}[args.grid]
+    suffix = (G.grid_suffix(args.grid)
               + (f"_salt{args.seed_salt}" if args.seed_salt else "")
               + ("_" + args.layers.replace(",", "_") if args.layers else ""))
     gpu = "cpu" if args.dry_run else LG.gpu_name()

@@ -215,9 +215,7 @@ def save(args, runner, arrays, meta, t0):
     header = {"versions": runner.versions(), "date": time.strftime("%Y-%m-%d"), "seconds": round(time.time() - t0, 1),
               "command": (f"XLA_FLAGS={os.environ['XLA_FLAGS']} " if _xla_flags(args) else "")
               + f"python experiments/hardware/library_gemm.py --lib {args.lib} --out OUTDIR --grid {args.grid}"}
-    suffix = ("_autotune0" if _xla_flags(args) else "") + {"table": "", "held-out": "_heldout", "fresh": "_fresh", "fresh2": "_fresh2",
-                                                               "fresh3": "_fresh3", "slices": "_slices",
-                                                               "fresh4": "_fresh4", "fresh5": "_fresh5"}[args.grid]
+    suffix = ("_autotune0" if _xla_flags(args) else "") + G.grid_suffix(args.grid)
     out = Path(args.out) / f"library_gemm_{gpu_name()}_{args.lib}{suffix}.npz"
     np.savez_compressed(out, **arrays, meta=np.array(json.dumps({"header": header, "cases": meta})))
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB, {len(meta)} cases, {time.time() - t0:.0f} s)", flush=True)

@@ -137,17 +137,32 @@ def _kernel_form(row: dict, cfg: GemmConfig, K: int, N: int) -> GemmConfig:
     if row["lib"] not in ("torch.mm", "torch.bmm") or s.promotion:
         return cfg
     if cublas_family(K, N) == "cutlass" and "nvjet" in names and s.slices == 1:
-        return cfg.replace(schedule=KSchedule(k_tile=64, residue="first"))
+        return cfg.replace(schedule=cutlass2_schedule(K, row["a"], row["b"], k_tile=64))
     if "nvjet" in names:
-        def form(at):
-            return KSchedule(k_tile=64, slices=s.slices) if s.slices > 1 else KSchedule()
+        at_row = at_k = nvjet_schedule(s.slices)
     elif "cutlass" in names:
-        def form(at):  # slices aligned at depth ``at``
-            align = cutlass_slice_alignment(at, row["a"], row["b"]) if s.slices > 1 else 0
-            return KSchedule(k_tile=64, residue="first", slices=s.slices, slice_align=align, partials=s.partials)
+        at_row, at_k = (cutlass2_schedule(at, row["a"], row["b"], k_tile=64, slices=s.slices, partials=s.partials)
+                        for at in (row["K"], K))
     else:
         return cfg
-    return cfg.replace(schedule=form(K)) if form(row["K"]).equivalent(s, row["K"], k) else cfg
+    return cfg.replace(schedule=at_k) if at_row.equivalent(s, row["K"], k) else cfg
+
+
+def nvjet_schedule(slices: int, k_tile: int = 64) -> KSchedule:
+    """An nvjet kernel's K schedule: one chain of ``k_tile``-wide k-tiles, residue last; split-K:
+    ``slices`` slices aligned to the k-tiles."""
+    return KSchedule(k_tile=k_tile, slices=slices) if slices > 1 else KSchedule()
+
+
+def cutlass2_schedule(K: int, a: str, b: str, *, k_tile: int, slices: int = 1, partials: str = "f32",
+                      reduction: str = "sequential") -> KSchedule:
+    """A CUTLASS 2 kernel's K schedule at depth ``K``: the partial k-tile first; split-K: slices
+    aligned as :func:`cutlass_slice_alignment` says at that K, the residue first in each, the
+    partials stored as ``partials`` and combined by ``reduction``."""
+    if slices == 1:
+        return KSchedule(k_tile=k_tile, residue="first")
+    return KSchedule(k_tile=k_tile, residue="first", slices=slices, slice_align=cutlass_slice_alignment(K, a, b),
+                     partials=partials, reduction=reduction)
 
 
 def _tiles(M, N, batch):

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from tcemu._src import library_fit
 from tcemu._src.gemm import GemmConfig, KSchedule
-from tcemu._src.library import cutlass_slice_alignment
+from tcemu._src.library import cutlass2_schedule, nvjet_schedule
 
 DATA = Path(__file__).parent / "data"
 # the records shipped per GPU (the H200's differ from the H100's in 18,398 of 119,566 cases: split-K
@@ -92,21 +92,16 @@ def row_schedule(row: dict, K: int | None = None) -> tuple[str, KSchedule]:
     if fam == "other":
         raise NotEmulated(f"library_config: the recorded kernel {row['kernels'][:1]} is of no family tcemu knows")
     if fam == "nvjet":
-        kt = _nvjet_k_tile(row["kernels"])
-        sched = KSchedule(k_tile=kt, slices=S) if S > 1 else KSchedule()
+        sched = nvjet_schedule(S, _nvjet_k_tile(row["kernels"]))
         if S > 1 and scheme == SERIAL and row["out"] != "f32":
             sched = sched.replace(reduction="serial", partials=row["out"])
         return ("wgmma" if row["a"] in ("e4m3", "e5m2") else "k16"), sched
     if fam == "xmma":
         return "k16", KSchedule()
-    k = "k8" if fam == "cutlass_k8" else "k16"
-    kt = _cutlass_k_tile(row["kernels"])
-    if S == 1:
-        return k, KSchedule(k_tile=kt, residue="first")
     partials = row["out"] if scheme in ("OUTPUT_TYPE", SERIAL) and row["out"] != "f32" else "f32"
-    return k, KSchedule(k_tile=kt, residue="first", slices=S,
-                        slice_align=cutlass_slice_alignment(row["K"] if K is None else K, row["a"], row["b"]),
-                        partials=partials, reduction="serial" if scheme == SERIAL else "sequential")
+    return ("k8" if fam == "cutlass_k8" else "k16"), cutlass2_schedule(
+        row["K"] if K is None else K, row["a"], row["b"], k_tile=_cutlass_k_tile(row["kernels"]), slices=S,
+        partials=partials, reduction="serial" if scheme == SERIAL else "sequential")
 
 
 def row_config(row: dict, gpu: str, base: GemmConfig | None = None, K: int | None = None) -> GemmConfig:
