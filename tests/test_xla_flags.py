@@ -1,9 +1,10 @@
 """The suite compiles with flags that make XLA compile faster unless ``TCEMU_FULL=1``
-(tests/conftest.py ``CI_XLA_FLAGS``: LLVM at its lowest optimisation level, fusions by the
-elemental emitter). The same GEMMs compiled both ways, in fresh processes with the pure-JAX
-engine (the compiled kernel does not go through XLA), give the same bits: split-K and promotion,
-instructions of five numerics families (f16, tf32, fp8 on Hopper and Ada, MXFP4), specials and a
-40-binade spread of exponents."""
+(tests/conftest.py ``CI_XLA_FLAGS``: LLVM at its lowest optimisation level). The same GEMMs
+compiled both ways, in fresh processes with the pure-JAX engine (the compiled kernel does not go
+through XLA), give the same bits: split-K and promotion, instructions of five numerics families
+(f16, tf32, fp8 on Hopper and Ada, MXFP4), specials and a 40-binade spread of exponents; and so do
+``tcemu.quantize``'s conversions (XLA's) of specials, tiny, huge and random values to every
+8-, 6- and 4-bit format."""
 from __future__ import annotations
 
 import os
@@ -27,6 +28,10 @@ cases = [("H100", "m16n8k16.f32.f16.f16.f32", B.SCHEDULES[1]), ("A100", "m16n8k8
          ("sm_89", "m16n8k32.f32.e4m3.e5m2.f32", {}), B.FAMILIES[13] + ({},)]
 for arch, ins, s in cases:
     print(arch, ins, s, B.digest(tcemu.matmul(a, b, config=tcemu.GemmConfig(arch=arch, instruction=ins, **s))))
+x = np.concatenate([np.float32([0, -0.0, 1e6, -1e6, np.inf, -np.inf, np.nan, -1e-9, 1e-9, 0.3, -17.5]),
+                    (rng.standard_normal(4096) * 2.0 ** rng.integers(-30, 30, 4096)).astype(np.float32)])
+for f in ("e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz", "e3m2", "e2m3", "e2m1"):
+    print(f, B.digest(tcemu.quantize(x, f)))
 """
 
 
@@ -43,4 +48,4 @@ def _digests(ci_flags: bool) -> list[str]:
 
 def test_ci_flags_give_the_same_bits():
     default, ci = _digests(False), _digests(True)
-    assert len(default) == 5 and default == ci
+    assert len(default) == 12 and default == ci
