@@ -56,7 +56,7 @@ FULL = FULL_ENV == "1"  # every case (tests that sample inside read it)
 # XLA_FLAGS sets is kept. (Not --xla_cpu_use_fusion_emitters=false, which halves the compile time
 # but converts -1e-9 to float8_e4m3fnuz's NaN, and some values to e4m3 otherwise than ml_dtypes.)
 CI_XLA_FLAGS = ("--xla_backend_optimization_level=0",)
-if FULL_ENV != "1":
+if not FULL:
     os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", "")] + [
         f for f in CI_XLA_FLAGS if f.split("=")[0] not in os.environ.get("XLA_FLAGS", "")]).strip()
 # (test module, test function) -> k: without TCEMU_FULL=1, every k-th selected case runs
@@ -186,15 +186,18 @@ def capture(name: str):
     return dict(np.load(DATA / name))
 
 
-def run_on_devices(script: str, devices: int, *, platform: str = "cpu", timeout: int = 600, **env):
+def run_on_devices(script: str, devices: int, *, platform: str = "cpu", timeout: int = 600,
+                   xla_flags: str | None = None, **env):
     """Run the Python ``script`` in a fresh process with tcemu from this checkout on ``platform``
-    (``JAX_PLATFORMS``); on the CPU, with ``devices`` host devices
-    (``--xla_force_host_platform_device_count``). ``env``: more environment variables. Returns
-    the ``subprocess.CompletedProcess`` (text stdout and stderr)."""
+    (``JAX_PLATFORMS``), in the checkout's root; on the CPU, with ``devices`` host devices
+    (``--xla_force_host_platform_device_count``). ``xla_flags``: the process's ``XLA_FLAGS``
+    (default: this one's, the CI flags kept). ``env``: more environment variables. Returns the
+    ``subprocess.CompletedProcess`` (text stdout and stderr)."""
     env = dict(os.environ, JAX_PLATFORMS=platform, PYTHONPATH=str(ROOT), **env)
-    if platform == "cpu":  # the CI flags kept
-        env["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip()
-    return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=timeout)
+    flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
+    env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip() if platform == "cpu" else flags
+    return subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def peer_dir() -> Path | None:

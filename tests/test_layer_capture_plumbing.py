@@ -4,6 +4,8 @@ through ``tcemu._src.captures``, whose crop helpers regenerate the operands the 
 bias, C, row-wise scales), and the library captures' A and B bits are unchanged."""
 from __future__ import annotations
 
+import json
+import re
 import sys
 
 import numpy as np
@@ -73,8 +75,6 @@ def test_grid():
 def test_file_names_follow_the_grid():
     # every committed library and layer capture: the grid its header's command names gives the
     # suffix its file was saved under (layer_gemm.save, library_gemm.save)
-    import json
-    import re
     seen = set()
     for p in sorted((ROOT / "tests" / "data").glob("l*_gemm_h*.npz")):
         with np.load(p) as z:

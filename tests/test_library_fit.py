@@ -16,6 +16,7 @@ from tcemu._src import library_fit as F
 from tcemu._src import library_records as R
 
 sys.path.insert(0, str(ROOT / "experiments" / "hardware"))
+from check_offgrid import captured_rows  # noqa: E402
 from check_offgrid import check as check_offgrid  # noqa: E402
 
 DATA = ROOT / "tests" / "data"
@@ -26,12 +27,12 @@ SPLIT = {"kernels": ["cutlass_75_tensorop_bf16_s1688gemm_bf16_64x64_nn_align1", 
 SERIAL = dict(SPLIT, calls=[{"algo": {"algoId": 24, "numSplitsK": 3, "reductionScheme": "INPLACE"}}])
 
 
-def _fit(tmp_path):
+def _fit(tmp_path, name="fit.json.gz"):
     """K <= 1000.5: the nvjet template; else alignment <= 4.5 (K or N odd..4): 7 slices; else serial."""
     K, align = F.FEATURES.index("K"), F.FEATURES.index("alignment")
     tree = {"feature": [K, -1, align, -1, -1], "threshold": [1000.5, 0.0, 4.5, 0.0, 0.0],
             "left": [1, -1, 3, -1, -1], "right": [2, -1, 4, -1, -1], "leaf": [-1, 0, -1, 1, 2]}
-    path = tmp_path / "fit.json.gz"
+    path = tmp_path / name
     with gzip.open(path, "wt") as f:
         json.dump({"header": {"gpu": "NVIDIA H200", "sms": 132, "features": list(F.FEATURES)},
                    "groups": {F.group_key(CLS): 0}, "trees": [tree], "templates": [NVJET, SPLIT, SERIAL]}, f)
@@ -69,7 +70,7 @@ def test_tile_wave_features_by_hand():
 
 
 def test_fit_files_name_their_features(tmp_path):
-    fit = F.load(str(F.fitted_path(str(R.SHIPPED["H200"]), R.SHIPPED)))
+    fit = F.load(str(R.DATA / "cublas_fit_h200.json.gz"))
     assert fit["header"]["features"] == list(F.FEATURES)
     path = tmp_path / "other.json.gz"
     with gzip.open(path, "wt") as f:
@@ -84,19 +85,43 @@ def test_fit_files_name_their_features(tmp_path):
 
 
 def test_fit_only_for_the_shipped_records(tmp_path):
-    assert F.fitted_path(str(R.SHIPPED["H200"]), R.SHIPPED).endswith("cublas_fit_h200.json.gz")
-    assert F.fitted_path(str(R.SHIPPED["H100"]), R.SHIPPED) is None  # no random records on the H100: nearest row
-    assert F.fitted_path(str(tmp_path / "mine.json.gz"), R.SHIPPED) is None
-    row, source = R.lookup(str(R.SHIPPED["H200"]), "torch.mm", None, 1000, 3002, 1003, "bf16", "bf16", "bf16",
+    h200 = str(R.SHIPPED["H200"])
+    assert F.fitted_path(h200, R.SHIPPED, R.FIT_FROM) == (str(R.DATA / "cublas_fit_h200.json.gz"), None)
+    # no random records on the H100: the H200's trees where the two GPUs' records agree
+    assert F.fitted_path(str(R.SHIPPED["H100"]), R.SHIPPED, R.FIT_FROM) == (str(R.DATA / "cublas_fit_h200.json.gz"),
+                                                                             h200)
+    assert F.fitted_path(str(R.SHIPPED["H100"]), R.SHIPPED, {}) == (None, None)
+    assert F.fitted_path(str(tmp_path / "mine.json.gz"), R.SHIPPED, R.FIT_FROM) == (None, None)
+    row, source = R.lookup(h200, "torch.mm", None, 1000, 3002, 1003, "bf16", "bf16", "bf16",
                            {"reduced_precision_reduction": True})
     assert source == "nearest" and row["fitted"] and (row["M"], row["N"], row["K"]) == (1000, 3002, 1003)
-    row, source = R.lookup(str(R.SHIPPED["H100"]), "torch.mm", None, 1000, 3002, 1003, "bf16", "bf16", "bf16",
+
+
+def _records(path, kernels, algo):
+    row = {"lib": "torch.mm", "batch": None, "M": 64, "N": 333, "K": 4097, "a": "bf16", "b": "bf16", "out": "bf16",
+           "flags": {"reduced_precision_reduction": True}, "kernels": kernels, "calls": [{"algo": algo}]}
+    with gzip.open(path, "wt") as f:
+        json.dump({"header": {"gpu": path.name}, "cases": [row]}, f)
+    return path
+
+
+@pytest.mark.parametrize("h200_kernels, fitted", [(NVJET["kernels"], True), (SPLIT["kernels"], False)])
+def test_h100_takes_the_h200_trees_where_their_records_agree(tmp_path, monkeypatch, h200_kernels, fitted):
+    # one recorded row per GPU, at 64 x 333 x 4097; the H200's tree gives SPLIT at 100 x 333 x 1001
+    shipped = {"H100": _records(tmp_path / "h100.json.gz", NVJET["kernels"], {"algoId": 66}),
+               "H200": _records(tmp_path / "h200.json.gz", h200_kernels, SPLIT["calls"][0]["algo"]
+                                if h200_kernels == SPLIT["kernels"] else {"algoId": 66})}
+    monkeypatch.setattr(F, "DATA", tmp_path)
+    _fit(tmp_path, "cublas_fit_h200.json.gz")
+    monkeypatch.setattr(R, "SHIPPED", shipped)
+    row, source = R.lookup(str(shipped["H100"]), "torch.mm", None, 100, 333, 1001, "bf16", "bf16", "bf16",
                            {"reduced_precision_reduction": True})
-    assert source == "nearest" and "fitted" not in row
+    assert source == "nearest" and bool(row.get("fitted")) == fitted
+    assert row["kernels"] == (SPLIT["kernels"] if fitted else NVJET["kernels"])
 
 
 def test_every_shipped_class_has_a_tree():
-    fit = F.load(str(F.fitted_path(str(R.SHIPPED["H200"]), R.SHIPPED)))
+    fit = F.load(str(R.DATA / "cublas_fit_h200.json.gz"))
     classes = {F.group_key(c) for c in R._by_class(str(R.SHIPPED["H200"]))}
     assert classes <= set(fit["groups"]) and len(fit["trees"]) == max(fit["groups"].values()) + 1
     for t in fit["trees"]:
@@ -125,3 +150,16 @@ def test_held_out_random_shapes(tmp_path, name, want):
     res = check_offgrid(str(path), str(R.SHIPPED["H200"]), False)
     got = {s: (res[(s, True)], res[(s, True)] + res[(s, False)]) for s in R.SOURCES}
     assert got == want
+
+
+@pytest.mark.parametrize("fit_from, want", [
+    # every 6th row of the H100's records at captured shapes (bits reproduced by the recorded
+    # rows), each looked up without the captured shapes; the trees were fitted without them
+    (R.FIT_FROM, {"rule": (0, 0), "nearest": (0, 0)}),
+    ({}, {"rule": (0, 0), "nearest": (0, 0)}),  # the nearest row alone
+])
+def test_h100_captured_shapes_with_the_h200_trees(monkeypatch, fit_from, want):
+    monkeypatch.setattr(R, "SHIPPED", dict(R.SHIPPED))
+    monkeypatch.setattr(R, "FIT_FROM", dict(fit_from))
+    res = check_offgrid(str(R.SHIPPED["H100"]), str(R.SHIPPED["H100"]), True, captured_rows("H100")[::6])
+    assert {s: (res[(s, True)], res[(s, True)] + res[(s, False)]) for s in ("rule", "nearest")} == want

@@ -309,6 +309,7 @@ def test_identify_block_scale_errors():
     (["--out", "o", "--only", "grid", "--seed", "0"], "--seed and --count go with --only random"),
     (["--out", "o", "--count", "5"], "--seed and --count go with --only random"),
     (["--out", "o", "--only", "captures", "--unaligned"], "--seed and --count go with --only random"),
+    (["--out", "o", "--only", "grid", "--deep"], "--deep, --seed and --count go with --only random"),
     (["--out", "o", "--only", "random", "--captures", "a.npz"], "--captures goes with --only captures"),
     (["--only", "random"], "--out is required"),
 ])

@@ -4,6 +4,8 @@ bad input (no GPU, bad cases, bad CLI arguments). Recording itself runs on a GPU
 tests/test_library_records.py."""
 from __future__ import annotations
 
+import gzip
+import json
 import re
 import sys
 
@@ -124,3 +126,14 @@ def test_cli_record_without_gpu_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and len(err.splitlines()) == 1
     assert re.match(r"tcemu record: error: tcemu.record (runs on|needs) an NVIDIA GPU", err)
+
+
+def test_partial_write_cut_off_keeps_the_last_one(tmp_path):
+    # record writes its rows every minute; a write cut off (a time limit, an error) must leave the
+    # previous file readable (stop 54 lost a set to a gzip cut mid-stream)
+    path = tmp_path / "r.json.gz"
+    R._write(path, {"gpu": "X"}, [{"calls": [1]}], 0.0)
+    with pytest.raises(TypeError):
+        R._write(path, {"gpu": "X"}, [{"calls": [1]}, {"calls": [object()]}], 0.0)
+    with gzip.open(path, "rt") as f:
+        assert json.load(f)["cases"] == [{"calls": [1]}]

@@ -8,10 +8,8 @@ through XLA), give the same bits: split-K and promotion, instructions of five nu
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
-from conftest import CI_XLA_FLAGS, ROOT
+from conftest import CI_XLA_FLAGS, run_on_devices
 
 SCRIPT = """
 import sys
@@ -38,10 +36,8 @@ for f in ("e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz", "e3m2", "e2m3", "e2m1"):
 def _digests(ci_flags: bool) -> list[str]:
     names = [f.split("=")[0] for f in CI_XLA_FLAGS]
     flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if f.split("=")[0] not in names)
-    env = dict(os.environ, JAX_PLATFORMS="cpu", TCEMU_NATIVE="0", PYTHONPATH=str(ROOT),
-               XLA_FLAGS=" ".join([flags, *CI_XLA_FLAGS]) if ci_flags else flags)
-    run = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=ROOT, capture_output=True, text=True,
-                         timeout=600)
+    run = run_on_devices(SCRIPT, 1, xla_flags=" ".join([flags, *CI_XLA_FLAGS]) if ci_flags else flags,
+                         TCEMU_NATIVE="0")
     assert run.returncode == 0, run.stderr[-3000:]
     return run.stdout.splitlines()
 

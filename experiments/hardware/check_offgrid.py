@@ -6,9 +6,14 @@ with the recorded one's. A recorded kernel's form reproduced every captured row 
 on (``check_records.py``), so the form is the bits here.
 
     python experiments/hardware/check_offgrid.py RANDOM.json.gz [--records SHIPPED.json.gz] [--exclude-own]
+    python experiments/hardware/check_offgrid.py --captured H100 [--no-fit-from]
 
-``--exclude-own``: drop the file's own shapes from the shipped records first (a file that was
-merged into them: what the lookup gave before). Prints the counts by source ("rule", "nearest")
+``--exclude-own``: drop the file's own shapes from the records first (a file that was merged into
+them: what the lookup gives at shapes it has no record of; a GPU's shipped records keep their
+trees). ``--captured GPU``: the rows of the GPU's shipped records at the captured shapes
+(``fit_records.captured``: every torch capture's shapes, whose bits the recorded rows reproduce),
+each looked up without the captures' shapes (``--exclude-own``); the trees were fitted without them.
+``--no-fit-from``: without ``library_records.FIT_FROM`` (the H100 takes the nearest row). Prints the counts by source ("rule", "nearest")
 and by kind of case (K and N multiples of 8 or not; split-K allowed or off; unrecorded shapes only).
 Cases whose kernel tcemu does not emulate (``gemmSN``, CUDA cores) are counted apart, and so are
 cases at a shape the records hold already ("recorded": a random shape met before).
@@ -25,6 +30,7 @@ from collections import Counter
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))
 from tcemu._src import library_records as R  # noqa: E402
 
@@ -35,17 +41,24 @@ def _kind(r) -> str:
     return f"{aligned}, {'split-K off' if r['flags'].get('allow_splitk') is False else 'default'}"
 
 
-def check(path: str, records: str, exclude_own: bool) -> Counter:
-    with gzip.open(path, "rt") as f:
-        test = [r for r in json.load(f)["cases"] if r.get("calls") and r.get("kernels")]
+def check(path: str, records: str, exclude_own: bool, test=None) -> Counter:
+    """Counts by (source or kind of case, right) of the rows of ``path`` (or the rows ``test``),
+    each looked up in ``records``; ``exclude_own``: in a copy without the rows' shapes, which
+    takes the place of a GPU's shipped records in ``library_records.SHIPPED`` (its trees kept)."""
+    if test is None:
+        with gzip.open(path, "rt") as f:
+            test = [r for r in json.load(f)["cases"] if r.get("calls") and r.get("kernels")]
     if exclude_own:
+        gpu = next((g for g, p in R.SHIPPED.items() if str(p) == records), None)
         own = {(r["lib"], r["batch"], r["M"], r["N"], r["K"]) for r in test}
         with gzip.open(records, "rt") as f:
             data = json.load(f)
         data["cases"] = [r for r in data["cases"] if (r["lib"], r["batch"], r["M"], r["N"], r["K"]) not in own]
-        records = str(Path(tempfile.mkdtemp()) / "records.json.gz")
+        records = str(Path(tempfile.mkdtemp()) / Path(records).name)
         with gzip.open(records, "wt") as f:
             json.dump(data, f)
+        if gpu:
+            R.SHIPPED[gpu] = Path(records)  # the trees beside the shipped records stay
     out = Counter()
     for r in test:
         if R.family(r["kernels"]) == "simt":
@@ -66,16 +79,32 @@ def check(path: str, records: str, exclude_own: bool) -> Counter:
     return out
 
 
+def captured_rows(gpu: str) -> list[dict]:
+    """The rows of the GPU's shipped records at captured shapes (``fit_records.captured``)."""
+    from fit_records import captured
+    own = captured(str(R.SHIPPED[gpu]))
+    return [r for k, r in R.load(str(R.SHIPPED[gpu]))[1].items() if k in own]
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("path")
+    p.add_argument("path", nargs="?")
     p.add_argument("--records", help="default: the shipped records of the file's GPU")
     p.add_argument("--exclude-own", action="store_true")
+    p.add_argument("--captured", choices=sorted(R.SHIPPED), help="the shipped records' rows at captured shapes")
+    p.add_argument("--no-fit-from", action="store_true")
     args = p.parse_args(argv)
+    if (args.path is None) == (args.captured is None):
+        p.error("give a records file or --captured GPU")
+    if args.no_fit_from:
+        R.FIT_FROM.clear()
+    test = None
+    if args.captured:
+        args.path, args.exclude_own, test = str(R.SHIPPED[args.captured]), True, captured_rows(args.captured)
     with gzip.open(args.path, "rt") as f:
         gpu = json.load(f)["header"]["gpu"]
     records = args.records or str(R.SHIPPED["H200" if "H200" in gpu else "H100"])
-    res = check(args.path, records, args.exclude_own)
+    res = check(args.path, records, args.exclude_own, test)
     print(f"{args.path} ({gpu}) against {records}{' without its own shapes' if args.exclude_own else ''}\n")
     print("| answer / case | right | of | % |\n|---|---|---|---|")
     for what in sorted({k for k, _ in res}, key=str):

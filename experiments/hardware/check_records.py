@@ -2,9 +2,13 @@
 the source of its answer ("recorded", "rule", "nearest"), with a given record file.
 
     python experiments/hardware/check_records.py tests/data/library_gemm_h100_torch*.npz \
-        tests/data/layer_gemm_h100_torch*.npz [--records FILE.json.gz] [--rows 16] [--jobs 2] [--out FILE.json]
+        tests/data/layer_gemm_h100_torch*.npz [--records FILE.json.gz | --drop-own [--no-fit-from]] \
+        [--rows 16] [--jobs 2] [--out FILE.json]
 
-``--records``: a file of ``tcemu.record`` (default: the records shipped with tcemu). Library
+``--records``: a file of ``tcemu.record`` (default: the records shipped with tcemu).
+``--drop-own``: the shipped records without the captures' shapes (M, N, K: every library, type and
+flag), in their place, the trees kept: what ``library_config`` answers at shapes it has no record
+of. ``--no-fit-from``: without ``library_records.FIT_FROM`` (the H100 takes the nearest row). Library
 captures (``library_gemm.py``) are checked as ``library_config(case's lib)``; layer captures
 (``layer_gemm.py``) as ``check_layer_presets.preset`` maps them, with their epilogue operands.
 Prints a table per capture and source, and each miss.
@@ -12,10 +16,13 @@ Prints a table per capture and source, and each miss.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
+import tempfile
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 
 
@@ -25,12 +32,41 @@ sys.path.insert(0, str(HERE.parents[1]))
 from check_layer_presets import preset  # noqa: E402
 from identify_layers import emulate, epilogue_operands  # noqa: E402
 from tcemu._src import captures as C  # noqa: E402
+from tcemu._src import library_records as R  # noqa: E402
 
 
-def check(job):
+def _shape(case) -> tuple:
+    return (preset(case)[2] if "layer" in case else case["M"], case["N"], case["K"])
+
+
+def drop_own(captures: list[str]) -> dict:
+    """{GPU: a copy of its shipped records without the captures' shapes}."""
+    shapes = {}
+    for path in captures:
+        meta = C.load(path)[1]
+        gpu = "H200" if "H200" in meta["header"]["versions"]["gpu"] else "H100"
+        shapes.setdefault(gpu, set()).update(_shape(c) for c in meta["cases"] if "key" in c)
+    out = {}
+    for gpu, own in shapes.items():
+        with gzip.open(R.SHIPPED[gpu], "rt") as f:
+            data = json.load(f)
+        data["cases"] = [r for r in data["cases"] if (r["M"], r["N"], r["K"]) not in own]
+        out[gpu] = str(Path(tempfile.mkdtemp()) / Path(R.SHIPPED[gpu]).name)
+        with gzip.open(out[gpu], "wt") as f:
+            json.dump(data, f)
+    return out
+
+
+def check(job, shipped=None, fit_from=True):
+    """One case: (capture, key, records, rows) -> its source and the share of its rows
+    reproduced. ``shipped``: {GPU: records file} in place of the shipped ones (in this process);
+    ``fit_from`` False: no other GPU's trees."""
     import tcemu
 
     path, key, records, nrows = job
+    R.SHIPPED.update({gpu: Path(p) for gpu, p in (shipped or {}).items()})
+    if not fit_from:
+        R.FIT_FROM.clear()
     z, meta = C.load(path)
     case = next(c for c in meta["cases"] if c.get("key") == key)
     gpu = meta["header"]["versions"]["gpu"]
@@ -56,17 +92,22 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("captures", nargs="+")
     p.add_argument("--records")
+    p.add_argument("--drop-own", action="store_true", help="the shipped records without the captures' shapes")
+    p.add_argument("--no-fit-from", action="store_true", help="no other GPU's trees (library_records.FIT_FROM)")
     p.add_argument("--rows", type=int, default=0, help="the first N captured rows of each case (0: all)")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--out")
     args = p.parse_args(argv)
+    if args.drop_own and args.records:
+        p.error("--drop-own changes the shipped records: not with --records")
+    shipped = drop_own(args.captures) if args.drop_own else {}
     jobs = []
     for path in args.captures:
         z, meta = C.load(path)
         jobs += [(path, c["key"], args.records, args.rows) for c in meta["cases"]
                  if "key" in c and c["lib"].startswith(("torch", "F."))]
     with ProcessPoolExecutor(args.jobs) as ex:
-        rows = list(ex.map(check, jobs, chunksize=4))
+        rows = list(ex.map(partial(check, shipped=shipped, fit_from=not args.no_fit_from), jobs, chunksize=4))
     table = defaultdict(lambda: [0, 0])
     for r in rows:
         exact = r["match"] == 1.0

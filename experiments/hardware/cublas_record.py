@@ -2,7 +2,7 @@
 the torch profiler), over the default grid and at the shapes of the committed torch captures.
 
     python experiments/hardware/cublas_record.py --out OUTDIR [--quick] [--only grid|captures] [--captures NPZ ...]
-    python experiments/hardware/cublas_record.py --out OUTDIR --only random --seed S --count N [--unaligned]
+    python experiments/hardware/cublas_record.py --out OUTDIR --only random --seed S --count N [--unaligned] [--deep]
     python experiments/hardware/cublas_record.py --compact --merge tcemu/_src/data/cublas_records_h100.json.gz \
         OUTDIR/cublas_records_h100.json.gz OUTDIR/cublas_records_h100_captures.json.gz \
         tests/data/cublas_records_h100_fresh.json.gz tests/data/cublas_records_h100_fresh2.json.gz
@@ -61,15 +61,18 @@ def capture_cases(paths=None) -> list[dict]:
     return out
 
 
-def random_shapes(seed: int, count: int, unaligned: bool = False) -> list[tuple[int, int, int]]:
+def random_shapes(seed: int, count: int, unaligned: bool = False, deep: bool = False) -> list[tuple[int, int, int]]:
     """``count`` (M, N, K) shapes of ML GEMMs drawn at random (numpy ``default_rng(seed)``): M
     log-uniform in 8..8192 (half of them multiples of 16), N and K log-uniform in 64..16384 (K
     in 64..32768 one time in ten); N and K multiples of 64 half the time, of 8 (not of 64) a
     quarter, any integer the rest; no shape of the default grid. ``unaligned``: only the shapes
     drawn so whose K or N is not a multiple of 8 (where cuBLAS's CUTLASS 2 split-K choices vary
-    most), for development sets that sample that region densely."""
+    most), for development sets that sample that region densely. ``deep``: M in 8..1024, N in
+    64..2048 and K in 2048..65536 instead (few output tiles and a deep K: where cuBLAS splits K
+    most, and its split counts vary most)."""
     rng = np.random.default_rng(seed)
     grid = {(c["M"], c["N"], c["K"]) for c in R.default_cases()}
+    m_hi, n_hi, k_lo = (1024, 2048, 2048) if deep else (8192, 16384, 64)
 
     def logu(lo, hi):
         return int(round(float(np.exp(rng.uniform(np.log(lo), np.log(hi))))))
@@ -80,9 +83,10 @@ def random_shapes(seed: int, count: int, unaligned: bool = False) -> list[tuple[
 
     out = set()
     while len(out) < count:
-        M = logu(8, 8192)
+        M = logu(8, m_hi)
         M = max(16, M // 16 * 16) if rng.random() < 0.5 else M
-        shape = (M, aligned(logu(64, 16384)), aligned(logu(64, 32768 if rng.random() < 0.1 else 16384)))
+        N = aligned(logu(64, n_hi))
+        shape = (M, N, aligned(logu(k_lo, 65536 if deep else 32768 if rng.random() < 0.1 else 16384)))
         if shape not in grid and not (unaligned and shape[1] % 8 == 0 and shape[2] % 8 == 0):
             out.add(shape)
     return sorted(out)
@@ -130,6 +134,8 @@ def main(argv=None):
     p.add_argument("--count", type=int, help="--only random: how many shapes (default 2000)")
     p.add_argument("--captures", nargs="+", metavar="NPZ", help="--only captures: these captures' shapes (file name "
                                                                  "..._captures_<first capture's name>)")
+    p.add_argument("--deep", action="store_true", help="--only random: small M and N, K in 2048..65536 "
+                                                       "(file name ..._deep<seed>)")
     p.add_argument("--unaligned", action="store_true", help="--only random: only shapes whose K or N is not a "
                                                             "multiple of 8 (file name ..._unaligned<seed>)")
     args = p.parse_args(argv)
@@ -138,16 +144,16 @@ def main(argv=None):
         return
     if not args.out:
         p.error("--out is required (or --merge)")
-    if args.only != "random" and (args.unaligned or args.seed is not None or args.count is not None):
-        p.error("--unaligned, --seed and --count go with --only random")
+    if args.only != "random" and (args.unaligned or args.deep or args.seed is not None or args.count is not None):
+        p.error("--unaligned, --deep, --seed and --count go with --only random")
     if args.captures and args.only != "captures":
         p.error("--captures goes with --only captures")
     gpu = gpu_name()
     if args.only == "random":
         args.seed, args.count = args.seed or 0, 2000 if args.count is None else args.count
-        kind = "unaligned" if args.unaligned else "random"
+        kind = "unaligned" * args.unaligned + "deep" * args.deep or "random"
         R.record(Path(args.out) / f"cublas_records_{gpu}_{kind}{args.seed}.json.gz",
-                 shapes=random_shapes(args.seed, args.count, args.unaligned))
+                 shapes=random_shapes(args.seed, args.count, args.unaligned, args.deep))
         return
     if args.only != "grid":
         cases = capture_cases(args.captures)

@@ -7,7 +7,9 @@
         tests/data/cublas_records_h200_random20261130.json.gz tests/data/cublas_records_h200_random2026120[1-69].json.gz \
         tests/data/cublas_records_h200_unaligned2026120[78].json.gz tests/data/cublas_records_h200_unaligned20261215.json.gz
 
-Groups: record classes (``library_records._class`` without the alignment) of one input type,
+The shipped records' rows at captured shapes (neither the grid's nor recorded at random) are kept
+out of the fit, so that the captures (``check_records.py --drop-own``) stay a check of it. Groups:
+record classes (``library_records._class`` without the alignment) of one input type,
 output type and batching whose records agree on every one of at least 1000 shapes recorded for
 both (the random sets: e.g. torch.mm with reduced-precision reduction and torch.addmm with a
 full C) are fitted together. Label: a row's form (``library_records._form``), whether its kernel
@@ -33,6 +35,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 from tcemu._src import library_fit as F  # noqa: E402
 from tcemu._src import library_records as R  # noqa: E402
+from tcemu._src import record as REC  # noqa: E402
 
 
 def read(paths):
@@ -45,6 +48,15 @@ def read(paths):
             if r.get("calls") and r.get("kernels"):
                 rows[R.key(r)] = r
     return header, list(rows.values())
+
+
+def captured(path: str) -> set:
+    """The keys of the rows of the records file ``path`` at shapes neither of the grid
+    (``record.default_cases``) nor recorded at random (``"offgrid"``)."""
+    grid = {(c["lib"], c["batch"] or None, c["M"], c["N"], c["K"]) for c in REC.default_cases()}
+    with gzip.open(path, "rt") as f:
+        return {R.key(r) for r in json.load(f)["cases"]
+                if not r.get("offgrid") and (r["lib"], r["batch"] or None, r["M"], r["N"], r["K"]) not in grid}
 
 
 def label(r) -> str:
@@ -85,6 +97,9 @@ def export(model, templates: dict) -> dict:
 
 def fit(out: str, paths: list[str]) -> None:
     header, rows = read(paths)
+    own = captured(paths[0])
+    rows = [r for r in rows if R.key(r) not in own]
+    print(f"{len(rows)} rows ({len(own)} at captured shapes left out)", flush=True)
     sms = int(header["sms"])
     group = groups(rows)
     rows.sort(key=lambda r: (r["batch"] or 0, r["M"], r["N"], r["K"], json.dumps(R.key(r))))

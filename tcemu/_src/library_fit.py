@@ -4,10 +4,12 @@ cuBLAS picks a kernel and a split-K count by a heuristic of the GPU that tcemu c
 ``experiments/hardware/fit_records.py`` fits one decision tree (scikit-learn's CART, at
 development time only) per group of record classes (:func:`library_records._class` without the
 alignment: classes whose records agree on every shape recorded for both are one group) on the
-shipped records, the grid and the shapes recorded at random; the tree maps a shape's
+shipped records (the grid and the shapes recorded at random; not the captured shapes, kept to
+check it); the tree maps a shape's
 :func:`features` to what decides the bits (the instruction's k, the K schedule) and the kernel
 the epilogue follows (a record row of that form: its kernels and algorithm). The trees ship in
-``data/cublas_fit_<gpu>.json.gz`` beside the records they were fitted on; measured on shapes
+``data/cublas_fit_<gpu>.json.gz`` beside the records they were fitted on; a GPU with none takes
+another's where the two GPUs' records agree (``library_records.FIT_FROM``). Measured on shapes
 recorded after the fit in ``experiments/hardware/README.md``.
 """
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+DATA = Path(__file__).parent / "data"
 TILES = ((16, 16), (32, 32), (64, 64), (128, 64), (64, 128), (128, 128), (256, 64), (64, 256), (128, 256), (256, 128))
 
 
@@ -92,15 +95,18 @@ def predict(path: str, cls: tuple, M: int, N: int, K: int, batch) -> dict | None
     return copy.deepcopy(fit["templates"][tree["leaf"][node]])
 
 
-def fitted_path(records: str, shipped: dict) -> str | None:
-    """The fit file beside the shipped records file ``records`` (None for the user's own)."""
-    return _fitted_path(records, tuple((gpu, str(p)) for gpu, p in shipped.items()))
+def fitted_path(records: str, shipped: dict, fit_from: dict) -> tuple[str | None, str | None]:
+    """(the fit file for the shipped records file ``records``, None for the user's own records;
+    the records of the GPU the fit was made on where ``fit_from`` gives ``records``'s GPU another
+    GPU's fit, else None)."""
+    return _fitted_path(records, tuple((gpu, str(p)) for gpu, p in shipped.items()), tuple(fit_from.items()))
 
 
 @functools.lru_cache(maxsize=16)
-def _fitted_path(records: str, shipped: tuple) -> str | None:
+def _fitted_path(records: str, shipped: tuple, fit_from: tuple) -> tuple[str | None, str | None]:
     for gpu, p in shipped:
         if p == records:
-            q = Path(p).with_name(f"cublas_fit_{gpu.lower()}.json.gz")
-            return str(q) if q.exists() else None
-    return None
+            donor = dict(fit_from).get(gpu)
+            q = DATA / f"cublas_fit_{(donor or gpu).lower()}.json.gz"
+            return (str(q), donor and dict(shipped)[donor]) if q.exists() else (None, None)
+    return None, None

@@ -40,6 +40,10 @@ DATA = Path(__file__).parent / "data"
 # counts and kernels; the H200's also hold 120,400 cases at 4000 random shapes, "offgrid"); another
 # GPU: record it with tcemu.record
 SHIPPED = {"H100": DATA / "cublas_records_h100.json.gz", "H200": DATA / "cublas_records_h200.json.gz"}
+# a GPU whose shipped records have no trees of their own takes another's where the two GPUs' records
+# agree at the nearest recorded row: the H100 (no random shapes recorded on one) the H200's (the
+# same GH100 chip and 132 SMs, the same cuBLAS; measured in experiments/hardware/README.md)
+FIT_FROM = {"H100": "H200"}
 SOURCES = ("recorded", "rule", "nearest")
 SERIAL = "INPLACE"
 
@@ -172,9 +176,11 @@ def lookup(path: str, lib: str, batch, M: int, N: int, K: int, a: str, b: str, o
     (:func:`_class`; :func:`_corners`), all give the nearest grid row's instruction and K
     schedule: that one. "nearest": otherwise, for the shipped records, the kernel and algorithm
     the decision tree fitted on them gives (:mod:`~tcemu._src.library_fit`; the row returned is
-    marked ``"fitted": true``); for other records, the row at the least ``|log2 M/M'| + |log2
-    N/N'| + |log2 K/K'|`` (batch too) of its class, off-grid rows included (``"offgrid": true``:
-    shapes recorded at random, which make no grid cells). None when the class has no rows."""
+    marked ``"fitted": true``); a GPU of :data:`FIT_FROM` takes the other GPU's tree where that
+    GPU's records hold the nearest row below with its form. Otherwise, and for other records, the
+    row at the least ``|log2 M/M'| + |log2 N/N'| + |log2 K/K'|`` (batch too) of its class,
+    off-grid rows included (``"offgrid": true``: shapes recorded at random, which make no grid
+    cells). None when the class has no rows."""
     k = (lib, batch or None, M, N, K, a, b, out, tuple(sorted(flags.items())))
     rows = load(path)[1]
     if k in rows:
@@ -195,12 +201,21 @@ def lookup(path: str, lib: str, batch, M: int, N: int, K: int, a: str, b: str, o
         best = nearest(_grid_by_class(path)[_class(k)])
         if corners == {_form(best, K)}:
             return best, "rule"
-    fit = library_fit.fitted_path(path, SHIPPED)
-    template = library_fit.predict(fit, _class(k), M, N, K, batch) if fit else None
+    fit, donor = library_fit.fitted_path(path, SHIPPED, FIT_FROM)
+    near = None if fit and not donor else nearest(cands)
+    template = None
+    if fit and (near is None or _agrees(donor, near, K)):
+        template = library_fit.predict(fit, _class(k), M, N, K, batch)
     if template is not None:
         return dict(template, lib=lib, batch=batch or None, M=M, N=N, K=K, a=a, b=b, out=out, flags=dict(flags),
                     fitted=True), "nearest"
-    return nearest(cands), "nearest"
+    return near or nearest(cands), "nearest"
+
+
+def _agrees(donor: str, row: dict, K: int) -> bool:
+    """Whether the records at ``donor`` (another GPU's) hold ``row``'s case with its form at ``K``."""
+    other = load(donor)[1].get(key(row))
+    return other is not None and _form(other, K) == _form(row, K)
 
 
 @functools.lru_cache(maxsize=256)

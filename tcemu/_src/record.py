@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import gzip
 import json
+import os
 import re
 import sys
 import time
@@ -287,8 +288,10 @@ def _check_cases(cases):
 def _write(path, header, rows, t0):
     header = header | {"seconds": round(time.time() - t0, 1),
                        "cases without a cuBLASLt call": sum(not r["calls"] for r in rows)}
-    with gzip.open(path, "wt") as f:
+    part = Path(path).with_name(Path(path).name + ".partial")  # a write cut off leaves the last one whole
+    with gzip.open(part, "wt") as f:
         json.dump({"header": header, "cases": rows}, f, separators=(",", ":"))
+    os.replace(part, path)
 
 
 def record(path, *, cases=None, shapes=None, quick: bool = False, chunk: int = 500, progress=True) -> Path:
