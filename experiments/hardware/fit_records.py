@@ -28,8 +28,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from sklearn import __version__ as sklearn_version
-from sklearn.tree import DecisionTreeClassifier
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
@@ -96,6 +94,9 @@ def export(model, templates: dict) -> dict:
 
 
 def fit(out: str, paths: list[str]) -> None:
+    from sklearn import __version__ as sklearn_version  # development only: not needed to read records
+    from sklearn.tree import DecisionTreeClassifier
+
     header, rows = read(paths)
     own = captured(paths[0])
     rows = [r for r in rows if R.key(r) not in own]
