@@ -152,14 +152,15 @@ def test_held_out_random_shapes(tmp_path, name, want):
     assert got == want
 
 
-@pytest.mark.parametrize("fit_from, want", [
+def test_h100_captured_shapes_with_the_h200_trees(monkeypatch):
     # every 12th row of the H100's records at captured shapes (bits reproduced by the recorded
     # rows), each looked up without the captured shapes; the trees were fitted without them
-    (R.FIT_FROM, {"rule": (121, 121), "nearest": (76, 109)}),
-    ({}, {"rule": (121, 121), "nearest": (56, 109)}),  # the nearest row alone
-])
-def test_h100_captured_shapes_with_the_h200_trees(monkeypatch, fit_from, want):
     monkeypatch.setattr(R, "SHIPPED", dict(R.SHIPPED))
-    monkeypatch.setattr(R, "FIT_FROM", dict(fit_from))
-    res = check_offgrid(str(R.SHIPPED["H100"]), str(R.SHIPPED["H100"]), True, captured_rows("H100")[::12])
-    assert {s: (res[(s, True)], res[(s, True)] + res[(s, False)]) for s in ("rule", "nearest")} == want
+    rows = captured_rows("H100")[::12]
+    res = check_offgrid(str(R.SHIPPED["H100"]), str(R.SHIPPED["H100"]), True, rows)  # SHIPPED: the copy
+    got = {s: (res[(s, True)], res[(s, True)] + res[(s, False)]) for s in ("rule", "nearest")}
+    assert got == {"rule": (121, 121), "nearest": (76, 109)}
+    monkeypatch.setattr(R, "FIT_FROM", {})  # the nearest row alone
+    res = check_offgrid(str(R.SHIPPED["H100"]), str(R.SHIPPED["H100"]), False, rows)
+    got = {s: (res[(s, True)], res[(s, True)] + res[(s, False)]) for s in ("rule", "nearest")}
+    assert got == {"rule": (121, 121), "nearest": (56, 109)}
