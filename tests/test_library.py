@@ -12,7 +12,7 @@ import pytest
 import tcemu
 from conftest import FULL, ROOT
 from tcemu._src import captures as C
-from tcemu._src.library import read_json
+from tcemu._src.library import read_json, shipped_gpu
 
 DATA = ROOT / "tests" / "data"
 CAPTURES = sorted(p for p in DATA.glob("library_gemm_h*_*.npz")
@@ -25,7 +25,7 @@ def _cases(captures=CAPTURES):
     for path in captures:
         z, meta = C.load(path)
         z.close()
-        gpu = "H200" if "H200" in meta["header"]["versions"]["gpu"] else "H100"
+        gpu = shipped_gpu(meta["header"]["versions"]["gpu"])
         for c in meta["cases"]:
             if "key" in c:
                 out[(gpu, c["lib"], c["key"])] = (path, c)

@@ -21,6 +21,7 @@ import pytest
 import tcemu
 from conftest import ROOT
 from tcemu._src import captures as C
+from tcemu._src.library import shipped_gpu
 
 sys.path.insert(0, str(ROOT / "experiments" / "hardware"))
 from check_layer_presets import preset, splits  # noqa: E402
@@ -59,7 +60,7 @@ STRIDE = {"torch_default_scaled_block": 3, "torch_splitk_off_scaled_block": 3,  
 
 def _results(path):
     z, meta = C.load(path)
-    arch = "H200" if "H200" in meta["header"]["versions"]["gpu"] else "H100"
+    arch = shipped_gpu(meta["header"]["versions"]["gpu"])
     out = []
     stride = next((v for k, v in STRIDE.items() if k in path.name), 1)
     for case in [c for c in meta["cases"] if "key" in c][::stride]:

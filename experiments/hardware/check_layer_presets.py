@@ -22,6 +22,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))
 from identify_layers import emulate, epilogue_operands  # noqa: E402
 from tcemu._src import captures as C  # noqa: E402
+from tcemu._src.library import shipped_gpu  # noqa: E402
 
 
 def preset(case) -> tuple[str, dict, int, int | None]:
@@ -57,7 +58,7 @@ def check(path):
 
     z, meta = C.load(path)
     gpu = meta["header"]["versions"]["gpu"]
-    arch = "H200" if "H200" in gpu else "H100"
+    arch = shipped_gpu(gpu)
     out = []
     for case in meta["cases"]:
         if "key" not in case:

@@ -21,6 +21,7 @@ cases at a shape the records hold already ("recorded": a random shape met before
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import math
@@ -33,6 +34,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))
 from tcemu._src import library_records as R  # noqa: E402
+from tcemu._src.library import shipped_gpu  # noqa: E402
 
 
 def _kind(r) -> str:
@@ -41,24 +43,53 @@ def _kind(r) -> str:
     return f"{aligned}, {'split-K off' if r['flags'].get('allow_splitk') is False else 'default'}"
 
 
+def records_without(records: str, shapes: set, fields=("lib", "batch", "M", "N", "K")) -> str:
+    """A copy (in a new temporary folder, under the same name) of the record file ``records``
+    without its rows whose ``fields`` are in ``shapes``."""
+    with gzip.open(records, "rt") as f:
+        data = json.load(f)
+    data["cases"] = [r for r in data["cases"] if tuple(r[k] for k in fields) not in shapes]
+    out = str(Path(tempfile.mkdtemp()) / Path(records).name)
+    with gzip.open(out, "wt") as f:
+        json.dump(data, f)
+    return out
+
+
+@contextlib.contextmanager
+def shipped_as(gpu: str | None, records: str):
+    """``records`` in the place of the GPU's shipped records (``library_records.SHIPPED``: the
+    GPU's trees are kept) inside the block; nothing where ``gpu`` is None."""
+    if gpu is None:
+        yield
+        return
+    before = R.SHIPPED[gpu]
+    R.SHIPPED[gpu] = Path(records)
+    try:
+        yield
+    finally:
+        R.SHIPPED[gpu] = before
+
+
 def check(path: str, records: str, exclude_own: bool, test=None) -> Counter:
     """Counts by (source or kind of case, right) of the rows of ``path`` (or the rows ``test``),
-    each looked up in ``records``; ``exclude_own``: in a copy without the rows' shapes, which
-    takes the place of a GPU's shipped records in ``library_records.SHIPPED`` (its trees kept)."""
+    each looked up in ``records``; ``exclude_own``: in a copy without the rows' shapes, in the place
+    of the GPU's shipped records where ``records`` are those (:func:`shipped_as`)."""
     if test is None:
         with gzip.open(path, "rt") as f:
             test = [r for r in json.load(f)["cases"] if r.get("calls") and r.get("kernels")]
+    gpu = None
     if exclude_own:
         gpu = next((g for g, p in R.SHIPPED.items() if str(p) == records), None)
-        own = {(r["lib"], r["batch"], r["M"], r["N"], r["K"]) for r in test}
-        with gzip.open(records, "rt") as f:
-            data = json.load(f)
-        data["cases"] = [r for r in data["cases"] if (r["lib"], r["batch"], r["M"], r["N"], r["K"]) not in own]
-        records = str(Path(tempfile.mkdtemp()) / Path(records).name)
-        with gzip.open(records, "wt") as f:
-            json.dump(data, f)
-        if gpu:
-            R.SHIPPED[gpu] = Path(records)  # the trees beside the shipped records stay
+        records = records_without(records, {(r["lib"], r["batch"], r["M"], r["N"], r["K"]) for r in test})
+    with shipped_as(gpu, records):
+        out = _count(test, records)
+    if out[("recorded", True)] + out[("recorded", False)] > len(test) // 10:
+        raise SystemExit(f"{path}: most shapes are recorded in {records}: not a check of unrecorded shapes "
+                         "(--exclude-own?)")
+    return out
+
+
+def _count(test: list[dict], records: str) -> Counter:
     out = Counter()
     for r in test:
         if R.family(r["kernels"]) == "simt":
@@ -73,9 +104,6 @@ def check(path: str, records: str, exclude_own: bool, test=None) -> Counter:
         out[(source, ok)] += 1
         if source != "recorded":  # a random shape may meet one recorded before: counted apart
             out[(_kind(r), ok)] += 1
-    if out[("recorded", True)] + out[("recorded", False)] > len(test) // 10:
-        raise SystemExit(f"{path}: most shapes are recorded in {records}: not a check of unrecorded shapes "
-                         "(--exclude-own?)")
     return out
 
 
@@ -103,7 +131,7 @@ def main(argv=None):
         args.path, args.exclude_own, test = str(R.SHIPPED[args.captured]), True, captured_rows(args.captured)
     with gzip.open(args.path, "rt") as f:
         gpu = json.load(f)["header"]["gpu"]
-    records = args.records or str(R.SHIPPED["H200" if "H200" in gpu else "H100"])
+    records = args.records or str(R.SHIPPED[shipped_gpu(gpu)])
     res = check(args.path, records, args.exclude_own, test)
     print(f"{args.path} ({gpu}) against {records}{' without its own shapes' if args.exclude_own else ''}\n")
     print("| answer / case | right | of | % |\n|---|---|---|---|")

@@ -16,10 +16,8 @@ Prints a table per capture and source, and each miss.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
-import tempfile
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
@@ -30,9 +28,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))
 from check_layer_presets import preset  # noqa: E402
+from check_offgrid import records_without  # noqa: E402
 from identify_layers import emulate, epilogue_operands  # noqa: E402
 from tcemu._src import captures as C  # noqa: E402
 from tcemu._src import library_records as R  # noqa: E402
+from tcemu._src.library import shipped_gpu  # noqa: E402
 
 
 def _shape(case) -> tuple:
@@ -40,21 +40,13 @@ def _shape(case) -> tuple:
 
 
 def drop_own(captures: list[str]) -> dict:
-    """{GPU: a copy of its shipped records without the captures' shapes}."""
+    """{GPU: a copy of its shipped records without the captures' shapes (M, N, K)}."""
     shapes = {}
     for path in captures:
         meta = C.load(path)[1]
-        gpu = "H200" if "H200" in meta["header"]["versions"]["gpu"] else "H100"
+        gpu = shipped_gpu(meta["header"]["versions"]["gpu"])
         shapes.setdefault(gpu, set()).update(_shape(c) for c in meta["cases"] if "key" in c)
-    out = {}
-    for gpu, own in shapes.items():
-        with gzip.open(R.SHIPPED[gpu], "rt") as f:
-            data = json.load(f)
-        data["cases"] = [r for r in data["cases"] if (r["M"], r["N"], r["K"]) not in own]
-        out[gpu] = str(Path(tempfile.mkdtemp()) / Path(R.SHIPPED[gpu]).name)
-        with gzip.open(out[gpu], "wt") as f:
-            json.dump(data, f)
-    return out
+    return {gpu: records_without(str(R.SHIPPED[gpu]), own, fields=("M", "N", "K")) for gpu, own in shapes.items()}
 
 
 def check(job, shipped=None, fit_from=True):
@@ -69,8 +61,7 @@ def check(job, shipped=None, fit_from=True):
         R.FIT_FROM.clear()
     z, meta = C.load(path)
     case = next(c for c in meta["cases"] if c.get("key") == key)
-    gpu = meta["header"]["versions"]["gpu"]
-    arch = "H200" if "H200" in gpu else "H100"
+    arch = shipped_gpu(meta["header"]["versions"]["gpu"])
     if "layer" in case:
         lib, flags, M, batch = preset(case)
     else:

@@ -1,11 +1,9 @@
-"""Fit the decision trees ``library_config`` answers unrecorded shapes with
+"""Fit the random forests ``library_config`` answers unrecorded shapes with
 (``tcemu/_src/library_fit.py``) on a GPU's shipped records and its development random sets.
 
-    pip install scikit-learn   # development only: tcemu reads the trees without it
+    pip install scikit-learn   # development only: tcemu reads the forests without it
     python experiments/hardware/fit_records.py tcemu/_src/data/cublas_fit_h200.json.gz \
-        tcemu/_src/data/cublas_records_h200.json.gz \
-        tests/data/cublas_records_h200_random20261130.json.gz tests/data/cublas_records_h200_random2026120[1-69].json.gz \
-        tests/data/cublas_records_h200_unaligned2026120[78].json.gz tests/data/cublas_records_h200_unaligned20261215.json.gz
+        tcemu/_src/data/cublas_records_h200.json.gz tests/data/cublas_records_h200_random*.json.gz ...
 
 The shipped records' rows at captured shapes (neither the grid's nor recorded at random) are kept
 out of the fit, so that the captures (``check_records.py --drop-own``) stay a check of it. Groups:
@@ -14,9 +12,12 @@ output type and batching whose records agree on every one of at least 1000 shape
 both (the random sets: e.g. torch.mm with reduced-precision reduction and torch.addmm with a
 full C) are fitted together. Label: a row's form (``library_records._form``), whether its kernel
 adds C after the rounding (``_badd_``) and its split-K reduction scheme; each label keeps the
-first row (by shape) that has it as its template (evaluated at the user's K by ``library_records``). One ``DecisionTreeClassifier`` (entropy,
-grown fully, ``random_state=0``) per group on ``library_fit.features``. The trees written are
-checked to give scikit-learn's own predictions through ``library_fit.predict`` on every row.
+first row (by shape) that has it as its template (evaluated at the user's K by
+``library_records``). One ``RandomForestClassifier`` per group on ``library_fit.features``
+(``--trees`` 5, grown fully with entropy, each split among a random ``--max-features`` 0.5 of the
+features, ``random_state=0``; stop 54 and before: one ``DecisionTreeClassifier``). The forests
+written are checked to give scikit-learn's own predictions through ``library_fit.predict`` on
+every row.
 """
 from __future__ import annotations
 
@@ -85,17 +86,25 @@ def groups(rows) -> dict:
 
 
 def export(model, templates: dict) -> dict:
-    t = model.tree_
-    leaf = [templates[model.classes_[int(np.argmax(v))]] if t.children_left[i] < 0 else -1
-            for i, v in enumerate(t.value)]
-    return {"feature": [int(f) if t.children_left[i] >= 0 else -1 for i, f in enumerate(t.feature)],
-            "threshold": [float(v) if t.children_left[i] >= 0 else 0.0 for i, v in enumerate(t.threshold)],
-            "left": [int(v) for v in t.children_left], "right": [int(v) for v in t.children_right], "leaf": leaf}
+    """A fitted forest as ``library_fit`` walks it: its labels as template numbers and, per tree,
+    feature, threshold and right child of the inner nodes (the left child is the next node: depth
+    first) and the label number of the leaves (the most of its rows)."""
+    trees = []
+    for est in model.estimators_:
+        t = est.tree_
+        inner = t.children_left >= 0
+        if not np.array_equal(t.children_left[inner], np.flatnonzero(inner) + 1):
+            raise SystemExit("a tree is not numbered depth first (left child = next node)")
+        trees.append({"feature": [int(f) if i else -1 for f, i in zip(t.feature, inner)],
+                      "threshold": [float(v) if i else 0.0 for v, i in zip(t.threshold, inner)],
+                      "right": [int(v) for v in t.children_right],
+                      "leaf": [-1 if i else int(np.argmax(v)) for v, i in zip(t.value, inner)]})
+    return {"classes": [templates[c] for c in model.classes_], "trees": trees}
 
 
-def fit(out: str, paths: list[str]) -> None:
+def fit(out: str, paths: list[str], trees: int = 5, max_features: float = 0.5, jobs: int = 2) -> None:
     from sklearn import __version__ as sklearn_version  # development only: not needed to read records
-    from sklearn.tree import DecisionTreeClassifier
+    from sklearn.ensemble import RandomForestClassifier
 
     header, rows = read(paths)
     own = captured(paths[0])
@@ -113,26 +122,30 @@ def fit(out: str, paths: list[str]) -> None:
     members = defaultdict(list)
     for r in rows:
         members[group[F.group_key(R._class(R.key(r)))]].append(r)
-    trees, want = [], []
+    forests, want = [], []
     for g in range(len(members)):
         rs = members[g]
         X = np.stack([F.features(r["M"], r["N"], r["K"], r["batch"], R._class(R.key(r))[-1], sms) for r in rs])
-        model = DecisionTreeClassifier(criterion="entropy", random_state=0).fit(X, [label(r) for r in rs])
-        trees.append(export(model, template_index))
-        print(f"group {g}: {len(rs)} rows, {model.tree_.node_count} nodes, {len(model.classes_)} labels")
+        model = RandomForestClassifier(n_estimators=trees, criterion="entropy", max_features=max_features,
+                                       random_state=0, n_jobs=jobs).fit(X, [label(r) for r in rs])
+        forests.append(export(model, template_index))
+        print(f"group {g}: {len(rs)} rows, {sum(e.tree_.node_count for e in model.estimators_)} nodes, "
+              f"{len(model.classes_)} labels", flush=True)
         want.append((rs, model.predict(X)))
     fitted = {"header": {"gpu": header["gpu"], "sms": sms, "sklearn": sklearn_version,
-                         "records": [Path(p).name for p in paths], "features": list(F.FEATURES)},
-              "groups": group, "trees": trees, "templates": templates}
+                         "records": [Path(p).name for p in paths], "features": list(F.FEATURES),
+                         "forest": {"trees": trees, "max_features": max_features, "criterion": "entropy",
+                                    "random_state": 0}},
+              "groups": group, "forests": forests, "templates": templates}
     with gzip.open(out, "wt", compresslevel=9) as f:
         json.dump(fitted, f, separators=(",", ":"))
     for g, (rs, predicted) in enumerate(want):
         for r, w in zip(rs, predicted):
             got = F.predict(out, R._class(R.key(r)), r["M"], r["N"], r["K"], r["batch"])
             if label(dict(r, **got)) != w:
-                raise SystemExit(f"the exported tree of group {g} differs from scikit-learn's at {R.key(r)}")
+                raise SystemExit(f"the exported forest of group {g} differs from scikit-learn's at {R.key(r)}")
     right = sum(label(r) == w for rs, predicted in want for r, w in zip(rs, predicted))
-    print(f"wrote {out}: {len(trees)} trees, {len(templates)} templates; exported = scikit-learn on all "
+    print(f"wrote {out}: {len(forests)} forests of {trees} trees, {len(templates)} templates; exported = scikit-learn on all "
           f"{len(rows)} rows; the fit reproduces {right} of them")
 
 
@@ -140,8 +153,11 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out")
     p.add_argument("records", nargs="+", help="the shipped records file first, then development random sets")
+    p.add_argument("--trees", type=int, default=5, help="trees per forest (default 5)")
+    p.add_argument("--max-features", type=float, default=0.5, help="share of the features tried at each split")
+    p.add_argument("--jobs", type=int, default=2)
     args = p.parse_args(argv)
-    fit(args.out, args.records)
+    fit(args.out, args.records, args.trees, args.max_features, args.jobs)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 from tcemu._src.captures import OUT_STORAGE, captured, crop_operands, evaluate, hlo_slices, load  # noqa: E402
 from tcemu._src.identify import triton_trees  # noqa: E402
-from tcemu._src.library import read_json, slice_alignment  # noqa: E402
+from tcemu._src.library import read_json, shipped_gpu, slice_alignment  # noqa: E402
 from tcemu._src.gemm import KSchedule  # noqa: E402
 
 SEEN = 32
@@ -247,7 +247,7 @@ def main(argv=None):
     for path in args.captures:
         z, meta = load(path)
         headers[Path(path).name] = meta["header"]
-        arch = "H200" if "H200" in meta["header"]["versions"]["gpu"] else "H100"
+        arch = shipped_gpu(meta["header"]["versions"]["gpu"])
         jobs += [(path, c["key"]) for c in meta["cases"] if "key" in c
                  and (not args.only or c["key"] in args.only.split(","))
                  and (arch, c["lib"].startswith("torch"), c["key"]) not in have and c["lib"].startswith(args.lib)]

@@ -26,6 +26,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 from tcemu._src import captures as C  # noqa: E402
+from tcemu._src.library import shipped_gpu  # noqa: E402
 
 SEEN = 32
 TWIN_OF = {"torch": "mm", "jax": "dense"}
@@ -95,7 +96,7 @@ def one(path, case, twin, seconds):
     key = case["key"]
     rows, cols, d = z[f"{key}.rows"], z[f"{key}.cols"], z[f"{key}.d"].view(C.NUMPY[case["out"]])
     gpu = meta["header"]["versions"]["gpu"]
-    arch = "H200" if "H200" in gpu else "H100"
+    arch = shipped_gpu(gpu)
     ops = epilogue_operands(case, rows, cols)
     store = C.OUT_STORAGE[case["out"]]
     t = time.time()

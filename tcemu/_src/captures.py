@@ -30,6 +30,7 @@ import re
 import numpy as np
 
 from tcemu._src.formats import FORMATS, VALUE_DTYPES
+from tcemu._src.library import shipped_gpu
 
 INPUT_TYPES = ("f16", "bf16", "e4m3", "e5m2")
 OUTPUT_TYPES = ("f16", "bf16", "f32")
@@ -151,7 +152,7 @@ def captured(path, key):
     case = next(c for c in meta["cases"] if c.get("key") == key)
     gpu = meta["header"]["versions"]["gpu"]
     rows, cols = z[f"{key}.rows"], z[f"{key}.cols"]
-    return case, gpu, "H200" if "H200" in gpu else "H100", rows, cols, z[f"{key}.d"].view(NUMPY[case["out"]])
+    return case, gpu, shipped_gpu(gpu), rows, cols, z[f"{key}.d"].view(NUMPY[case["out"]])
 
 
 def crop_operands(case, rows, cols):

@@ -98,8 +98,12 @@ def _dim(v, name, lo=1):
     return int(v)
 
 
-def _gpu(arch):
-    """"H100" or "H200" from that name or a device name holding it as a word ("NVIDIA H100 80GB HBM3")."""
+def shipped_gpu(arch):
+    """"H100" or "H200" from that name or a device name holding it as a word ("NVIDIA H100 80GB HBM3").
+
+    >>> shipped_gpu("NVIDIA H100 80GB HBM3"), shipped_gpu("H200")
+    ('H100', 'H200')
+    """
     if not isinstance(arch, str):
         raise TypeError(f"library_config: arch must be one of {', '.join(GPUS)} (a string, or a device name holding "
                         f"one), got {arch!r} ({type(arch).__name__})")
@@ -292,7 +296,7 @@ def xla_triton_config(gpu: str, a: str, b: str, S: int, block_k: int, reduction:
 def nearest_row(lib: str, *, arch: str, M: int, N: int, K: int, a: str, b: str, out: str, batch: int | None,
                 **flags) -> dict:
     """The table row of ``lib`` nearest to the shape (checked arguments; ``flags`` complete)."""
-    gpu = _gpu(arch)
+    gpu = shipped_gpu(arch)
     rows = [r for r in _table()[1] if r["lib"] == lib and r["arch"] == gpu and (r["a"], r["b"], r["out"]) == (a, b, out)
             and {f: r["flags"].get(f, FLAG_DEFAULTS[f]) for f in LIBRARIES[lib]} == flags]
     if not rows:
@@ -305,7 +309,7 @@ def nearest_row(lib: str, *, arch: str, M: int, N: int, K: int, a: str, b: str, 
 
 def check_common(arch, M, N, K, a, b, out, batch):
     """``library_config``'s shared arguments checked: (GPU, M, N, K, a, b, out)."""
-    gpu = _gpu(arch)
+    gpu = shipped_gpu(arch)
     M, N, K = _dim(M, "M"), _dim(N, "N"), _dim(K, "K")
     if batch is not None:
         _dim(batch, "batch")

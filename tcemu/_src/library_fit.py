@@ -1,16 +1,18 @@
-"""cuBLAS's choice at a shape its records do not hold, from a decision tree fitted on them.
+"""cuBLAS's choice at a shape its records do not hold, from decision trees fitted on them.
 
 cuBLAS picks a kernel and a split-K count by a heuristic of the GPU that tcemu cannot restate.
-``experiments/hardware/fit_records.py`` fits one decision tree (scikit-learn's CART, at
-development time only) per group of record classes (:func:`library_records._class` without the
-alignment: classes whose records agree on every shape recorded for both are one group) on the
+``experiments/hardware/fit_records.py`` fits one random forest (scikit-learn's, at development
+time only: a few fully grown CART trees, each on a bootstrap sample of the rows and a random half
+of the features at each split) per group of record classes (:func:`library_records._class` without
+the alignment: classes whose records agree on every shape recorded for both are one group) on the
 shipped records (the grid and the shapes recorded at random; not the captured shapes, kept to
-check it); the tree maps a shape's
-:func:`features` to what decides the bits (the instruction's k, the K schedule) and the kernel
-the epilogue follows (a record row of that form: its kernels and algorithm). The trees ship in
-``data/cublas_fit_<gpu>.json.gz`` beside the records they were fitted on; a GPU with none takes
-another's where the two GPUs' records agree (``library_records.FIT_FROM``). Measured on shapes
-recorded after the fit in ``experiments/hardware/README.md``.
+check it); the trees vote (the most votes, ties to the first of the group's labels, as
+scikit-learn's ``predict``) on what decides the bits (the instruction's k, the K schedule) and the
+kernel the epilogue follows (a record row of that form: its kernels and algorithm), from a
+shape's :func:`features`. The forests ship in ``data/cublas_fit_<gpu>.json.gz`` beside the
+records they were fitted on; a GPU with none takes another's where the two GPUs' records agree
+(``library_records.FIT_FROM``). Measured on shapes recorded after the fit in
+``experiments/hardware/README.md``.
 """
 from __future__ import annotations
 
@@ -69,30 +71,41 @@ def features(M: int, N: int, K: int, batch, align: int, sms: int) -> np.ndarray:
 
 @functools.lru_cache(maxsize=4)
 def load(path: str) -> dict:
-    """The fitted trees of ``path``: header, groups (class string -> tree), trees, templates.
-    Trees fitted on other features than :data:`FEATURES`, or whose header does not name them, are
-    refused."""
+    """The fitted forests of ``path``: header, groups (class string -> forest), forests (each the
+    group's labels as template numbers and its trees), templates. Fits on other features than
+    :data:`FEATURES`, or whose header does not name them, are refused."""
     with gzip.open(path, "rt") as f:
         fit = json.load(f)
-    if fit["header"].get("features") != list(FEATURES):
-        raise ValueError(f"{path}: fitted on other features than library_fit.FEATURES (or names none): refit it "
-                         "(experiments/hardware/fit_records.py)")
+    if fit["header"].get("features") != list(FEATURES) or "forests" not in fit:
+        raise ValueError(f"{path}: fitted on other features than library_fit.FEATURES (or names none), or not a "
+                         "forest per group: refit it (experiments/hardware/fit_records.py)")
     return fit
 
 
+def _leaf(tree: dict, x: np.ndarray) -> int:
+    """The label (a number in the forest's ``classes``) of the leaf ``x`` reaches: an inner node
+    goes to the next node where ``x[feature] <= threshold`` (depth first: its left child), else
+    to ``right``; a leaf has ``right`` -1."""
+    node = 0
+    while tree["right"][node] >= 0:
+        node = node + 1 if float(x[tree["feature"][node]]) <= tree["threshold"][node] else tree["right"][node]
+    return tree["leaf"][node]
+
+
 def predict(path: str, cls: tuple, M: int, N: int, K: int, batch) -> dict | None:
-    """The template row (kernels and algorithm) the fitted tree gives a shape of class ``cls``,
-    or None where no tree was fitted for the class."""
+    """The template row (kernels and algorithm) the fitted forest gives a shape of class ``cls``,
+    or None where no forest was fitted for the class."""
     fit = load(path)
     g = fit["groups"].get(group_key(cls))
     if g is None:
         return None
-    tree = fit["trees"][g]
+    forest = fit["forests"][g]
     x = features(M, N, K, batch, cls[-1], fit["header"]["sms"])
-    node = 0
-    while tree["left"][node] >= 0:
-        node = tree["left"][node] if float(x[tree["feature"][node]]) <= tree["threshold"][node] else tree["right"][node]
-    return copy.deepcopy(fit["templates"][tree["leaf"][node]])
+    votes = [0] * len(forest["classes"])
+    for tree in forest["trees"]:
+        votes[_leaf(tree, x)] += 1
+    best = max(range(len(votes)), key=votes.__getitem__)  # the first of the most voted
+    return copy.deepcopy(fit["templates"][forest["classes"][best]])
 
 
 def fitted_path(records: str, shipped: dict, fit_from: dict) -> tuple[str | None, str | None]:

@@ -40,7 +40,7 @@ DATA = Path(__file__).parent / "data"
 # counts and kernels; the H200's also hold 120,400 cases at 4000 random shapes, "offgrid"); another
 # GPU: record it with tcemu.record
 SHIPPED = {"H100": DATA / "cublas_records_h100.json.gz", "H200": DATA / "cublas_records_h200.json.gz"}
-# a GPU whose shipped records have no trees of their own takes another's where the two GPUs' records
+# a GPU whose shipped records have no fit of their own takes another's where the two GPUs' records
 # agree at the nearest recorded row: the H100 (no random shapes recorded on one) the H200's (the
 # same GH100 chip and 132 SMs, the same cuBLAS; measured in experiments/hardware/README.md)
 FIT_FROM = {"H100": "H200"}
@@ -175,8 +175,8 @@ def lookup(path: str, lib: str, batch, M: int, N: int, K: int, a: str, b: str, o
     "rule": the rows at the 8 corners of a recorded grid cell around the shape, in its class
     (:func:`_class`; :func:`_corners`), all give the nearest grid row's instruction and K
     schedule: that one. "nearest": otherwise, for the shipped records, the kernel and algorithm
-    the decision tree fitted on them gives (:mod:`~tcemu._src.library_fit`; the row returned is
-    marked ``"fitted": true``); a GPU of :data:`FIT_FROM` takes the other GPU's tree where that
+    the random forest fitted on them gives (:mod:`~tcemu._src.library_fit`; the row returned is
+    marked ``"fitted": true``); a GPU of :data:`FIT_FROM` takes the other GPU's forest where that
     GPU's records hold the nearest row below with its form. Otherwise, and for other records, the
     row at the least ``|log2 M/M'| + |log2 N/N'| + |log2 K/K'|`` (batch too) of its class,
     off-grid rows included (``"offgrid": true``: shapes recorded at random, which make no grid
@@ -201,15 +201,21 @@ def lookup(path: str, lib: str, batch, M: int, N: int, K: int, a: str, b: str, o
         best = nearest(_grid_by_class(path)[_class(k)])
         if corners == {_form(best, K)}:
             return best, "rule"
+    near = functools.cache(lambda: nearest(cands))
+    return _fitted(path, k, near) or near(), "nearest"
+
+
+def _fitted(path: str, k: tuple, near) -> dict | None:
+    """The row the fitted forest gives case ``k`` (marked ``"fitted": true``), or None: the records
+    at ``path`` have no fit, its class no forest, or the fit is another GPU's (:data:`FIT_FROM`)
+    whose records do not hold the nearest row (``near()``) with its form at the case's K."""
+    lib, batch, M, N, K, a, b, out, flags = k
     fit, donor = library_fit.fitted_path(path, SHIPPED, FIT_FROM)
-    near = None if fit and not donor else nearest(cands)
-    template = None
-    if fit and (near is None or _agrees(donor, near, K)):
-        template = library_fit.predict(fit, _class(k), M, N, K, batch)
-    if template is not None:
-        return dict(template, lib=lib, batch=batch or None, M=M, N=N, K=K, a=a, b=b, out=out, flags=dict(flags),
-                    fitted=True), "nearest"
-    return near or nearest(cands), "nearest"
+    if fit is None or (donor and not _agrees(donor, near(), K)):
+        return None
+    template = library_fit.predict(fit, _class(k), M, N, K, batch)
+    return template and dict(template, lib=lib, batch=batch, M=M, N=N, K=K, a=a, b=b, out=out, flags=dict(flags),
+                             fitted=True)
 
 
 def _agrees(donor: str, row: dict, K: int) -> bool:
