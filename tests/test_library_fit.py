@@ -1,6 +1,6 @@
-"""The random forests fitted on cuBLAS's records (library_fit): the tree walk, the vote and the float32
-features on a tree written by hand, which records get a tree, and the shipped H200 trees on
-random shapes recorded after they were frozen (a09cc84), and the H100's use of them
+"""The random forests fitted on cuBLAS's records (library_fit): the tree walk, the vote and the
+float32 features on forests written by hand, which records get a forest, the shipped H200 forests
+on random shapes recorded after they were frozen (5f44699), and the H100's use of them
 (``library_records.FIT_FROM``) at the captured shapes."""
 from __future__ import annotations
 
@@ -166,6 +166,12 @@ def test_every_shipped_class_has_a_forest():
      {"recorded": (9, 9), "rule": (413, 415), "nearest": (2402, 2598)}),
     ("cublas_records_h200_unaligned20261220.json.gz",
      {"recorded": (0, 0), "rule": (102, 109), "nearest": (1641, 1841)}),
+    # held out: recorded on the H200 after the forests were frozen (5f44699), 2500 random shapes and
+    # 2000 with K or N off a multiple of 8
+    ("cublas_records_h200_random20261222.json.gz",
+     {"recorded": (14, 14), "rule": (541, 546), "nearest": (2984, 3155)}),
+    ("cublas_records_h200_unaligned20261223.json.gz",
+     {"recorded": (0, 0), "rule": (138, 142), "nearest": (2216, 2452)}),
 ])
 def test_held_out_random_shapes(tmp_path, name, want):
     with gzip.open(DATA / name, "rt") as f:

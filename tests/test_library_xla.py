@@ -141,8 +141,8 @@ def _split(case):
 
 def test_autotuned_split_is_the_rewriters():
     """With the autotuner on, the slice count is still XLA's split-K rewriter's (it runs before the
-    autotuner, which picks the kernel: Triton or cuBLAS, tiles, the reduction): 774 of 774 jnp.dot
-    captures with their HLO, H100 and H200, every grid (56 of them fresh6's, captured at stop 54) (the Triton split dot and cuBLAS's calls)."""
+    autotuner, which picks the kernel: Triton or cuBLAS, tiles, the reduction): 830 of 830 jnp.dot
+    captures with their HLO, H100 and H200, every grid (56 of them fresh7's, captured at stop 55) (the Triton split dot and cuBLAS's calls)."""
     from tcemu._src.library import xla_split_k
 
     cases = []
@@ -150,7 +150,7 @@ def test_autotuned_split_is_the_rewriters():
         z, meta = C.load(path)
         z.close()
         cases += [c for c in meta["cases"] if "hlo" in c and c["flags"].get("xla_autotune", True)]
-    assert len(cases) == 774
+    assert len(cases) == 830
     assert all(_split(c) == xla_split_k(c["M"], c["N"], c["K"], c["batch"], c["a"], c["b"], c["out"]) for c in cases)
 
 
@@ -159,7 +159,9 @@ FRESH3 = {"library_gemm_h200_jax_fresh3.npz": (46, 50), "library_gemm_h200_jax_f
           # 14 shapes drawn after stop 52's refit (draw_shapes(20261230, 14)), 57 cases; with the HLO 57
           "library_gemm_h200_jax_fresh5.npz": (54, 0),
           # 14 shapes drawn after stop 54's refit (draw_shapes(20261231, 14)), 56 cases
-          "library_gemm_h200_jax_fresh6.npz": (47, 0)}
+          "library_gemm_h200_jax_fresh6.npz": (47, 0),
+          # 14 shapes drawn at stop 55 (draw_shapes(20261232, 14)), captured after its freeze
+          "library_gemm_h200_jax_fresh7.npz": (52, 0)}
 
 
 @pytest.mark.parametrize("name", FRESH3)
@@ -179,5 +181,5 @@ def test_held_out_fresh3_without_the_hlo(name):
             cfg, src = _answer("H200", case, hlo=hlo)
             assert hlo or src == "nearest"
             right[i] += np.array_equal(_bits(_emulate_fast(case, r, cols, cfg)), _bits(d))
-    assert len(meta["cases"]) == {"fresh5": 57, "fresh6": 56}.get(name.split("_")[-1][:-4], 51)
+    assert len(meta["cases"]) == {"fresh5": 57, "fresh6": 56, "fresh7": 56}.get(name.split("_")[-1][:-4], 51)
     assert tuple(right) == FRESH3[name]

@@ -147,12 +147,17 @@ def load(path):
 
 
 def captured(path, key):
-    """A captured case: (case, GPU name, "H100"/"H200", rows, columns, output crop)."""
+    """A captured case: (case, GPU name, "H100"/"H200" or None (a dry run's stand-in: no GPU),
+    rows, columns, output crop)."""
     z, meta = load(path)
     case = next(c for c in meta["cases"] if c.get("key") == key)
     gpu = meta["header"]["versions"]["gpu"]
     rows, cols = z[f"{key}.rows"], z[f"{key}.cols"]
-    return case, gpu, shipped_gpu(gpu), rows, cols, z[f"{key}.d"].view(NUMPY[case["out"]])
+    try:
+        arch = shipped_gpu(gpu)
+    except ValueError:
+        arch = None
+    return case, gpu, arch, rows, cols, z[f"{key}.d"].view(NUMPY[case["out"]])
 
 
 def crop_operands(case, rows, cols):
