@@ -142,7 +142,8 @@ def _split(case):
 def test_autotuned_split_is_the_rewriters():
     """With the autotuner on, the slice count is still XLA's split-K rewriter's (it runs before the
     autotuner, which picks the kernel: Triton or cuBLAS, tiles, the reduction): 830 of 830 jnp.dot
-    captures with their HLO, H100 and H200, every grid (56 of them fresh7's, captured at stop 55) (the Triton split dot and cuBLAS's calls)."""
+    captures with their HLO, H100 and H200, every grid (56 of them fresh7's, captured at stop 55)
+    (the Triton split dot and cuBLAS's calls)."""
     from tcemu._src.library import xla_split_k
 
     cases = []

@@ -10,9 +10,9 @@ on (``check_records.py``), so the form is the bits here.
 
 ``--exclude-own``: drop the file's own shapes from the records first (a file that was merged into
 them: what the lookup gives at shapes it has no record of; a GPU's shipped records keep their
-trees). ``--captured GPU``: the rows of the GPU's shipped records at the captured shapes
+forests). ``--captured GPU``: the rows of the GPU's shipped records at the captured shapes
 (``fit_records.captured``: every torch capture's shapes, whose bits the recorded rows reproduce),
-each looked up without the captures' shapes (``--exclude-own``); the trees were fitted without them.
+each looked up without the captures' shapes (``--exclude-own``); the forests were fitted without them.
 ``--no-fit-from``: without ``library_records.FIT_FROM`` (the H100 takes the nearest row). Prints the counts by source ("rule", "nearest")
 and by kind of case (K and N multiples of 8 or not; split-K allowed or off; unrecorded shapes only).
 Cases whose kernel tcemu does not emulate (``gemmSN``, CUDA cores) are counted apart, and so are
@@ -58,7 +58,7 @@ def records_without(records: str, shapes: set, fields=("lib", "batch", "M", "N",
 @contextlib.contextmanager
 def shipped_as(gpu: str | None, records: str):
     """``records`` in the place of the GPU's shipped records (``library_records.SHIPPED``: the
-    GPU's trees are kept) inside the block; nothing where ``gpu`` is None."""
+    GPU's fit is kept) inside the block; nothing where ``gpu`` is None."""
     if gpu is None:
         yield
         return

@@ -7,7 +7,7 @@ the source of its answer ("recorded", "rule", "nearest"), with a given record fi
 
 ``--records``: a file of ``tcemu.record`` (default: the records shipped with tcemu).
 ``--drop-own``: the shipped records without the captures' shapes (M, N, K: every library, type and
-flag), in their place, the trees kept: what ``library_config`` answers at shapes it has no record
+flag), in their place, the forests kept: what ``library_config`` answers at shapes it has no record
 of. ``--no-fit-from``: without ``library_records.FIT_FROM`` (the H100 takes the nearest row). Library
 captures (``library_gemm.py``) are checked as ``library_config(case's lib)``; layer captures
 (``layer_gemm.py``) as ``check_layer_presets.preset`` maps them, with their epilogue operands.
@@ -52,7 +52,7 @@ def drop_own(captures: list[str]) -> dict:
 def check(job, shipped=None, fit_from=True):
     """One case: (capture, key, records, rows) -> its source and the share of its rows
     reproduced. ``shipped``: {GPU: records file} in place of the shipped ones (in this process);
-    ``fit_from`` False: no other GPU's trees."""
+    ``fit_from`` False: no other GPU's forests."""
     import tcemu
 
     path, key, records, nrows = job
@@ -84,7 +84,7 @@ def main(argv=None):
     p.add_argument("captures", nargs="+")
     p.add_argument("--records")
     p.add_argument("--drop-own", action="store_true", help="the shipped records without the captures' shapes")
-    p.add_argument("--no-fit-from", action="store_true", help="no other GPU's trees (library_records.FIT_FROM)")
+    p.add_argument("--no-fit-from", action="store_true", help="no other GPU's forests (library_records.FIT_FROM)")
     p.add_argument("--rows", type=int, default=0, help="the first N captured rows of each case (0: all)")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--out")

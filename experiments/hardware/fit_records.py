@@ -145,8 +145,8 @@ def fit(out: str, paths: list[str], trees: int = 5, max_features: float = 0.5, j
             if label(dict(r, **got)) != w:
                 raise SystemExit(f"the exported forest of group {g} differs from scikit-learn's at {R.key(r)}")
     right = sum(label(r) == w for rs, predicted in want for r, w in zip(rs, predicted))
-    print(f"wrote {out}: {len(forests)} forests of {trees} trees, {len(templates)} templates; exported = scikit-learn on all "
-          f"{len(rows)} rows; the fit reproduces {right} of them")
+    print(f"wrote {out}: {len(forests)} forests of {trees} trees, {len(templates)} templates; exported = "
+          f"scikit-learn on all {len(rows)} rows; the fit reproduces {right} of them")
 
 
 def main(argv=None):
