@@ -218,6 +218,17 @@ def test_serial_split_k_epilogue_held_out():
     assert len(serial) >= 4  # bias, C row, full C, alpha/beta
 
 
+def test_check_takes_other_records_inside_the_call_only():
+    """check_records.check with ``shipped`` and without FIT_FROM answers from those records, and
+    leaves library_records.SHIPPED and FIT_FROM as they were."""
+    path = str(DATA / "library_gemm_h200_torch_fresh7.npz")
+    before = (dict(R.SHIPPED), dict(R.FIT_FROM))
+    p, key = _jobs([path], 1)[0]
+    r = check((p, key, None, 4), shipped={"H200": str(DATA / "cublas_records_h200_fresh7.json.gz")}, fit_from=False)
+    assert (r["source"], r["match"]) == ("recorded", 1)
+    assert (dict(R.SHIPPED), dict(R.FIT_FROM)) == before
+
+
 @pytest.mark.parametrize("name,key", [("default_fresh2_salt17_scaled_mm", "l21"), ("default_fresh2_salt17_scaled_mm", "l57"),
                                       ("default_salt17_scaled_mm", "l57"), ("splitk_off_fresh2_salt17_scaled_mm", "s21")])
 def test_row_scales_b_first_held_out(name, key):

@@ -94,6 +94,11 @@ def test_record_bad_arguments(tmp_path, kwargs, match):
         tcemu.record(tmp_path / "r.json.gz", **kwargs)
 
 
+def test_record_path_in_a_missing_folder(tmp_path):
+    with pytest.raises(ValueError, match="path's folder .* does not exist"):
+        tcemu.record(tmp_path / "missing" / "r.json.gz", shapes=[(64, 64, 64)])
+
+
 @pytest.mark.parametrize("name", ["quick", "progress"])
 def test_record_flags_are_bools(tmp_path, name):
     with pytest.raises(TypeError, match=f"{name} must be True or False"):

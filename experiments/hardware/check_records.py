@@ -16,19 +16,21 @@ Prints a table per capture and source, and each miss.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
+from unittest import mock
 
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))
 from check_layer_presets import preset  # noqa: E402
-from check_offgrid import records_without  # noqa: E402
+from check_offgrid import records_without, shipped_as  # noqa: E402
 from identify_layers import emulate, epilogue_operands  # noqa: E402
 from tcemu._src import captures as C  # noqa: E402
 from tcemu._src import library_records as R  # noqa: E402
@@ -51,14 +53,19 @@ def drop_own(captures: list[str]) -> dict:
 
 def check(job, shipped=None, fit_from=True):
     """One case: (capture, key, records, rows) -> its source and the share of its rows
-    reproduced. ``shipped``: {GPU: records file} in place of the shipped ones (in this process);
+    reproduced. ``shipped``: {GPU: records file} in place of the shipped ones (inside the call);
     ``fit_from`` False: no other GPU's forests."""
+    with contextlib.ExitStack() as stack:
+        for gpu, p in (shipped or {}).items():
+            stack.enter_context(shipped_as(gpu, p))
+        if not fit_from:
+            stack.enter_context(mock.patch.dict(R.FIT_FROM, clear=True))
+        return _check(*job)
+
+
+def _check(path, key, records, nrows):
     import tcemu
 
-    path, key, records, nrows = job
-    R.SHIPPED.update({gpu: Path(p) for gpu, p in (shipped or {}).items()})
-    if not fit_from:
-        R.FIT_FROM.clear()
     z, meta = C.load(path)
     case = next(c for c in meta["cases"] if c.get("key") == key)
     arch = shipped_gpu(meta["header"]["versions"]["gpu"])

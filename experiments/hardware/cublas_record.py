@@ -148,6 +148,7 @@ def main(argv=None):
         p.error("--unaligned, --deep, --seed and --count go with --only random")
     if args.captures and args.only != "captures":
         p.error("--captures goes with --only captures")
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     gpu = gpu_name()
     if args.only == "random":
         args.seed, args.count = args.seed or 0, 2000 if args.count is None else args.count

@@ -30,7 +30,7 @@ import re
 import numpy as np
 
 from tcemu._src.formats import FORMATS, VALUE_DTYPES
-from tcemu._src.library import shipped_gpu
+from tcemu._src.library import gpu_named
 
 INPUT_TYPES = ("f16", "bf16", "e4m3", "e5m2")
 OUTPUT_TYPES = ("f16", "bf16", "f32")
@@ -153,11 +153,7 @@ def captured(path, key):
     case = next(c for c in meta["cases"] if c.get("key") == key)
     gpu = meta["header"]["versions"]["gpu"]
     rows, cols = z[f"{key}.rows"], z[f"{key}.cols"]
-    try:
-        arch = shipped_gpu(gpu)
-    except ValueError:
-        arch = None
-    return case, gpu, arch, rows, cols, z[f"{key}.d"].view(NUMPY[case["out"]])
+    return case, gpu, gpu_named(gpu), rows, cols, z[f"{key}.d"].view(NUMPY[case["out"]])
 
 
 def crop_operands(case, rows, cols):

@@ -98,8 +98,18 @@ def _dim(v, name, lo=1):
     return int(v)
 
 
+def gpu_named(name: str) -> str | None:
+    """"H100" or "H200" where ``name`` is that name or a device name holding it as a word, else None.
+
+    >>> gpu_named("NVIDIA H100 80GB HBM3"), gpu_named("H200"), gpu_named("dry run")
+    ('H100', 'H200', None)
+    """
+    words = re.split(r"[^A-Z0-9]+", name.upper())
+    return next((g for g in GPUS if g in words), None)
+
+
 def shipped_gpu(arch):
-    """"H100" or "H200" from that name or a device name holding it as a word ("NVIDIA H100 80GB HBM3").
+    """:func:`gpu_named`, raising a clear error where ``arch`` names no GPU the table was measured on.
 
     >>> shipped_gpu("NVIDIA H100 80GB HBM3"), shipped_gpu("H200")
     ('H100', 'H200')
@@ -107,12 +117,11 @@ def shipped_gpu(arch):
     if not isinstance(arch, str):
         raise TypeError(f"library_config: arch must be one of {', '.join(GPUS)} (a string, or a device name holding "
                         f"one), got {arch!r} ({type(arch).__name__})")
-    words = re.split(r"[^A-Z0-9]+", arch.upper())
-    for g in GPUS:
-        if g in words:
-            return g
-    raise ValueError(f"library_config: arch must be one of {', '.join(GPUS)} (the GPUs the table was measured on), "
-                     f"got {arch!r}")
+    gpu = gpu_named(arch)
+    if gpu is None:
+        raise ValueError(f"library_config: arch must be one of {', '.join(GPUS)} (the GPUs the table was measured "
+                         f"on), got {arch!r}")
+    return gpu
 
 
 def config_of(row: dict, gpu: str) -> GemmConfig:
