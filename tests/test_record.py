@@ -97,6 +97,8 @@ def test_record_bad_arguments(tmp_path, kwargs, match):
 def test_record_path_in_a_missing_folder(tmp_path):
     with pytest.raises(ValueError, match="path's folder .* does not exist"):
         tcemu.record(tmp_path / "missing" / "r.json.gz", shapes=[(64, 64, 64)])
+    with pytest.raises(TypeError, match="path must be a file path"):
+        tcemu.record(5, shapes=[(64, 64, 64)])
 
 
 @pytest.mark.parametrize("name", ["quick", "progress"])

@@ -327,6 +327,8 @@ def record(path, *, cases=None, shapes=None, quick: bool = False, chunk: int = 5
     for name, v in (("quick", quick), ("progress", progress)):
         if not isinstance(v, bool):
             raise TypeError(f"record: {name} must be True or False, got {v!r}")
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"record: path must be a file path (str or os.PathLike), got {path!r}")
     if not Path(path).parent.is_dir():  # before the work, not at the first write a minute in
         raise ValueError(f"record: path's folder {str(Path(path).parent)!r} does not exist")
     torch = _torch()
