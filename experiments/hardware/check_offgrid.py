@@ -29,6 +29,7 @@ import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
+from unittest import mock
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -68,6 +69,18 @@ def shipped_as(gpu: str | None, records: str):
         yield
     finally:
         R.SHIPPED[gpu] = before
+
+
+@contextlib.contextmanager
+def lookups(shipped: dict | None = None, fit_from: bool = True):
+    """Inside the block: ``shipped`` ({GPU: records file}) in the place of those GPUs' shipped
+    records (:func:`shipped_as`), and no ``library_records.FIT_FROM`` where ``fit_from`` is False."""
+    with contextlib.ExitStack() as stack:
+        for gpu, p in (shipped or {}).items():
+            stack.enter_context(shipped_as(gpu, p))
+        if not fit_from:
+            stack.enter_context(mock.patch.dict(R.FIT_FROM, clear=True))
+        yield
 
 
 def check(path: str, records: str, exclude_own: bool, test=None) -> Counter:
@@ -124,15 +137,14 @@ def main(argv=None):
     args = p.parse_args(argv)
     if (args.path is None) == (args.captured is None):
         p.error("give a records file or --captured GPU")
-    if args.no_fit_from:
-        R.FIT_FROM.clear()
     test = None
     if args.captured:
         args.path, args.exclude_own, test = str(R.SHIPPED[args.captured]), True, captured_rows(args.captured)
     with gzip.open(args.path, "rt") as f:
         gpu = json.load(f)["header"]["gpu"]
     records = args.records or str(R.SHIPPED[shipped_gpu(gpu)])
-    res = check(args.path, records, args.exclude_own, test)
+    with lookups(fit_from=not args.no_fit_from):
+        res = check(args.path, records, args.exclude_own, test)
     print(f"{args.path} ({gpu}) against {records}{' without its own shapes' if args.exclude_own else ''}\n")
     print("| answer / case | right | of | % |\n|---|---|---|---|")
     for what in sorted({k for k, _ in res}, key=str):

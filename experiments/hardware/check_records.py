@@ -16,21 +16,19 @@ Prints a table per capture and source, and each miss.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
-from unittest import mock
 
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))
 from check_layer_presets import preset  # noqa: E402
-from check_offgrid import records_without, shipped_as  # noqa: E402
+from check_offgrid import lookups, records_without  # noqa: E402
 from identify_layers import emulate, epilogue_operands  # noqa: E402
 from tcemu._src import captures as C  # noqa: E402
 from tcemu._src import library_records as R  # noqa: E402
@@ -55,11 +53,7 @@ def check(job, shipped=None, fit_from=True):
     """One case: (capture, key, records, rows) -> its source and the share of its rows
     reproduced. ``shipped``: {GPU: records file} in place of the shipped ones (inside the call);
     ``fit_from`` False: no other GPU's forests."""
-    with contextlib.ExitStack() as stack:
-        for gpu, p in (shipped or {}).items():
-            stack.enter_context(shipped_as(gpu, p))
-        if not fit_from:
-            stack.enter_context(mock.patch.dict(R.FIT_FROM, clear=True))
+    with lookups(shipped, fit_from):
         return _check(*job)
 
 
