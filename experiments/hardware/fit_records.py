@@ -16,8 +16,10 @@ first row (by shape) that has it as its template (evaluated at the user's K by
 ``library_records``). One ``RandomForestClassifier`` per group on ``library_fit.features``
 (``--trees`` 5, grown fully with entropy, each split among a random ``--max-features`` 0.5 of the
 features, ``random_state=0``; stop 54 and before: one ``DecisionTreeClassifier``). The forests
-written are checked to give scikit-learn's own predictions through ``library_fit.predict`` on
-every row.
+written are checked to give scikit-learn's own predictions through ``library_fit.vote`` on
+every row. ``--jobs`` processes read the files and fit the groups (a group's trees in one
+process; the forests are the same for any count: on the shipped records and two random sets
+this script and the one-process one it replaced at stop 57 wrote the same forests and templates).
 """
 from __future__ import annotations
 
@@ -37,16 +39,47 @@ from tcemu._src import library_records as R  # noqa: E402
 from tcemu._src import record as REC  # noqa: E402
 
 
-def read(paths):
-    header, rows = None, {}
-    for p in paths:
-        with gzip.open(p, "rt") as f:
-            data = json.load(f)
-        header = header or data["header"]
-        for r in data["cases"]:
-            if r.get("calls") and r.get("kernels"):
-                rows[R.key(r)] = r
-    return header, list(rows.values())
+def _digest(args):
+    """A records file as ``fit`` needs it (one process a file): its header, each row's (key,
+    offgrid, label) but those of ``own``, and each label's first such row (by :func:`_order`) as
+    (order, key, template)."""
+    path, own = args
+    with gzip.open(path, "rt") as f:
+        data = json.load(f)
+    rows, first = [], {}
+    for r in data["cases"]:
+        if r.get("calls") and r.get("kernels") and R.key(r) not in own:
+            k, lab = R.key(r), label(r)
+            rows.append((k, bool(r.get("offgrid")), lab))
+            if lab not in first or _order(k) < first[lab][0]:
+                first[lab] = (_order(k), k, {"kernels": r["kernels"],
+                                             "calls": [{"fn": c.get("fn"), "algo": c.get("algo", {})} for c in r["calls"]]})
+    return data["header"], rows, first
+
+
+def _order(k) -> tuple:
+    """Rows in the order the fit takes them: by batch, M, N, K, then the case."""
+    return (k[1] or 0, k[2], k[3], k[4], json.dumps(k))
+
+
+def read(paths, own: set, pool):
+    """(the first file's header, {key: (offgrid, label)} but the keys of ``own``, with later
+    files' rows in the place of earlier ones', {label: (order, key, template)}: the first row by
+    :func:`_order` that has it, as the rows read one by one would give)."""
+    header, rows, first = None, {}, {}
+    digests = list(pool.map(_digest, [(p, own) for p in paths]))
+    for h, rs, _ in digests:
+        header = header or h
+        rows.update((k, (off, sys.intern(lab))) for k, off, lab in rs)
+    for _, _, fs in digests:  # a later file's row of the same case (the same order) in the place of an earlier one's
+        for lab, (order, k, template) in fs.items():
+            if rows[k][1] == lab and (lab not in first or order <= first[lab][0]):
+                first[lab] = (order, k, template)
+    for _, _, fs in digests:
+        for lab, (order, k, _) in fs.items():
+            if rows[k][1] != lab and (lab not in first or order < first[lab][0]):
+                raise SystemExit(f"{k}: recorded as {lab} first, then otherwise: its label's template is not known")
+    return header, rows, first
 
 
 def captured(path: str) -> set:
@@ -65,13 +98,15 @@ def label(r) -> str:
     return json.dumps([str(R._form(r, K=1)), "_badd_" in " ".join(r["kernels"]), R.algo(r).get("reductionScheme")])
 
 
-def groups(rows) -> dict:
-    """Class string -> group number (:func:`library_fit.group_key`)."""
-    forms = defaultdict(dict)
-    for r in rows:
-        if r.get("offgrid"):
-            forms[F.group_key(R._class(R.key(r)))][(r["batch"], r["M"], r["N"], r["K"])] = label(r)
-    kind = {F.group_key(R._class(R.key(r))): (r["a"], r["b"], r["out"], bool(r["batch"])) for r in rows}
+def groups(rows: dict) -> dict:
+    """Class string -> group number (:func:`library_fit.group_key`), from ``{key: (offgrid,
+    label)}``."""
+    forms, kind = defaultdict(dict), {}
+    for k, (off, lab) in rows.items():
+        c = F.group_key(R._class(k))
+        kind[c] = (k[5], k[6], k[7], bool(k[1]))
+        if off:
+            forms[c][(k[1], k[2], k[3], k[4])] = lab
     heads, out = [], {}
     for c in sorted(kind):
         for i, h in enumerate(heads):
@@ -102,51 +137,81 @@ def export(model, templates: dict) -> dict:
     return {"classes": [templates[c] for c in model.classes_], "trees": trees}
 
 
-def fit(out: str, paths: list[str], trees: int = 5, max_features: float = 0.5, jobs: int = 2) -> None:
-    from sklearn import __version__ as sklearn_version  # development only: not needed to read records
+MEMBERS: list = []  # per group: shapes (M, N, K, batch, alignment) and labels in the fit's order, for the forked processes
+
+
+def _features(shapes: np.ndarray, sms: int) -> np.ndarray:
+    return np.stack([F.features(M, N, K, batch or None, align, sms) for M, N, K, batch, align in shapes.tolist()])
+
+
+def _fit_group(args):
+    """One group's forest (one process a group), exported, and scikit-learn's own predictions."""
+    g, sms, trees, max_features, template_index = args
     from sklearn.ensemble import RandomForestClassifier
 
-    header, rows = read(paths)
+    shapes, labels = MEMBERS[g]
+    X = _features(shapes, sms)
+    model = RandomForestClassifier(n_estimators=trees, criterion="entropy", max_features=max_features,
+                                   random_state=0).fit(X, labels)
+    want = np.asarray([template_index[w] for w in model.predict(X)])
+    return (export(model, template_index), want, sum(e.tree_.node_count for e in model.estimators_),
+            len(model.classes_), int(sum(w == template_index[lab] for w, lab in zip(want, labels))))
+
+
+def _check_group(args):
+    """The template numbers the written forest of group ``g`` gives its rows through
+    ``library_fit`` equal scikit-learn's (``want``)."""
+    out, g, sms, want = args
+    forest = F.load(out)["forests"][g]
+    got = np.asarray(forest["classes"])[F.vote(forest, _features(MEMBERS[g][0], sms))]
+    bad = np.flatnonzero(got != want)
+    return None if not bad.size else MEMBERS[g][0][bad[0]].tolist()
+
+
+def fit(out: str, paths: list[str], trees: int = 5, max_features: float = 0.5, jobs: int = 2) -> None:
+    import multiprocessing
+
+    from sklearn import __version__ as sklearn_version  # development only: not needed to read records
+
+    pool = multiprocessing.get_context("fork").Pool(jobs)
     own = captured(paths[0])
-    rows = [r for r in rows if R.key(r) not in own]
+    header, rows, first = read(paths, own, pool)
     print(f"{len(rows)} rows ({len(own)} at captured shapes left out)", flush=True)
     sms = int(header["sms"])
     group = groups(rows)
-    rows.sort(key=lambda r: (r["batch"] or 0, r["M"], r["N"], r["K"], json.dumps(R.key(r))))
-    templates, template_index = [], {}
-    for r in rows:
-        if label(r) not in template_index:
-            template_index[label(r)] = len(templates)
-            templates.append({"kernels": r["kernels"], "calls": [{"fn": c.get("fn"), "algo": c.get("algo", {})}
-                                                               for c in r["calls"]]})
-    members = defaultdict(list)
-    for r in rows:
-        members[group[F.group_key(R._class(R.key(r)))]].append(r)
-    forests, want = [], []
-    for g in range(len(members)):
-        rs = members[g]
-        X = np.stack([F.features(r["M"], r["N"], r["K"], r["batch"], R._class(R.key(r))[-1], sms) for r in rs])
-        model = RandomForestClassifier(n_estimators=trees, criterion="entropy", max_features=max_features,
-                                       random_state=0, n_jobs=jobs).fit(X, [label(r) for r in rs])
-        forests.append(export(model, template_index))
-        print(f"group {g}: {len(rs)} rows, {sum(e.tree_.node_count for e in model.estimators_)} nodes, "
-              f"{len(model.classes_)} labels", flush=True)
-        want.append((rs, model.predict(X)))
+    used = {lab for _, lab in rows.values()}
+    ordered = sorted((v[0], lab) for lab, v in first.items() if lab in used)
+    template_index = {lab: i for i, (_, lab) in enumerate(ordered)}
+    templates = [first[lab][2] for _, lab in ordered]
+    members = defaultdict(lambda: ([], []))
+    for k in sorted(rows, key=_order):
+        shapes, labels = members[group[F.group_key(R._class(k))]]
+        shapes.append((k[2], k[3], k[4], k[1] or 0, R._class(k)[-1]))
+        labels.append(rows[k][1])
+    MEMBERS[:] = [(np.asarray(members[g][0], np.int64), members[g][1]) for g in range(len(members))]
+    del rows, members
+    pool.close()
+    pool = multiprocessing.get_context("fork").Pool(jobs)  # forked after MEMBERS is set
+    order = sorted(range(len(MEMBERS)), key=lambda g: -len(MEMBERS[g][0]))  # the largest groups first
+    done = dict(zip(order, pool.map(_fit_group, [(g, sms, trees, max_features, template_index) for g in order],
+                                    chunksize=1)))
+    for g in range(len(MEMBERS)):
+        print(f"group {g}: {len(MEMBERS[g][0])} rows, {done[g][2]} nodes, {done[g][3]} labels", flush=True)
     fitted = {"header": {"gpu": header["gpu"], "sms": sms, "sklearn": sklearn_version,
                          "records": [Path(p).name for p in paths], "features": list(F.FEATURES),
                          "forest": {"trees": trees, "max_features": max_features, "criterion": "entropy",
                                     "random_state": 0}},
-              "groups": group, "forests": forests, "templates": templates}
+              "groups": group, "forests": [done[g][0] for g in range(len(MEMBERS))], "templates": templates}
     with gzip.open(out, "wt", compresslevel=9) as f:
         json.dump(fitted, f, separators=(",", ":"))
-    for g, (rs, predicted) in enumerate(want):
-        for r, w in zip(rs, predicted):
-            got = F.predict(out, R._class(R.key(r)), r["M"], r["N"], r["K"], r["batch"])
-            if label(dict(r, **got)) != w:
-                raise SystemExit(f"the exported forest of group {g} differs from scikit-learn's at {R.key(r)}")
-    right = sum(label(r) == w for rs, predicted in want for r, w in zip(rs, predicted))
-    print(f"wrote {out}: {len(forests)} forests of {trees} trees, {len(templates)} templates; exported = "
-          f"scikit-learn on all {len(rows)} rows; the fit reproduces {right} of them")
+    for g, bad in zip(order, pool.map(_check_group, [(out, g, sms, done[g][1]) for g in order], chunksize=1)):
+        if bad is not None:
+            raise SystemExit(f"the exported forest of group {g} differs from scikit-learn's at (M, N, K, batch, "
+                             f"alignment) {bad}")
+    pool.close()
+    right, total = sum(d[4] for d in done.values()), sum(len(m[1]) for m in MEMBERS)
+    print(f"wrote {out}: {len(MEMBERS)} forests of {trees} trees, {len(templates)} templates; exported = "
+          f"scikit-learn on all {total} rows; the fit reproduces {right} of them")
 
 
 def main(argv=None):
@@ -155,7 +220,7 @@ def main(argv=None):
     p.add_argument("records", nargs="+", help="the shipped records file first, then development random sets")
     p.add_argument("--trees", type=int, default=5, help="trees per forest (default 5)")
     p.add_argument("--max-features", type=float, default=0.5, help="share of the features tried at each split")
-    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--jobs", type=int, default=2, help="processes: the files read and the groups fitted in parallel")
     args = p.parse_args(argv)
     fit(args.out, args.records, args.trees, args.max_features, args.jobs)
 

@@ -79,17 +79,34 @@ def load(path: str) -> dict:
     if fit["header"].get("features") != list(FEATURES) or "forests" not in fit:
         raise ValueError(f"{path}: fitted on other features than library_fit.FEATURES (or names none), or not a "
                          "forest per group: refit it (experiments/hardware/fit_records.py)")
+    for forest in fit["forests"]:
+        forest["trees"] = [{"feature": np.asarray(t["feature"], np.int64), "right": np.asarray(t["right"], np.int64),
+                            "threshold": np.asarray(t["threshold"], np.float64), "leaf": np.asarray(t["leaf"], np.int64)}
+                           for t in forest["trees"]]
     return fit
 
 
-def _leaf(tree: dict, x: np.ndarray) -> int:
-    """The label (a number in the forest's ``classes``) of the leaf ``x`` reaches: an inner node
-    goes to the next node where ``x[feature] <= threshold`` (depth first: its left child), else
-    to ``right``; a leaf has ``right`` -1."""
-    node = 0
-    while tree["right"][node] >= 0:
-        node = node + 1 if float(x[tree["feature"][node]]) <= tree["threshold"][node] else tree["right"][node]
-    return tree["leaf"][node]
+def leaves(tree: dict, X: np.ndarray) -> np.ndarray:
+    """The label (a number in the forest's ``classes``) of the leaf each row of ``X`` (features,
+    float32) reaches: an inner node goes to the next node where ``x[feature] <= threshold`` (depth
+    first: its left child), else to ``right``; a leaf has ``right`` -1."""
+    node = np.zeros(len(X), np.int64)
+    while True:
+        at = np.flatnonzero(tree["right"][node] >= 0)
+        if not at.size:
+            return tree["leaf"][node]
+        n = node[at]
+        left = X[at, tree["feature"][n]].astype(np.float64) <= tree["threshold"][n]
+        node[at] = np.where(left, n + 1, tree["right"][n])
+
+
+def vote(forest: dict, X: np.ndarray) -> np.ndarray:
+    """The label number each row of ``X`` gets from the forest's trees: the most votes, ties to the
+    first of the forest's labels (scikit-learn's ``predict``)."""
+    votes = np.zeros((len(X), len(forest["classes"])), np.int64)
+    for tree in forest["trees"]:
+        np.add.at(votes, (np.arange(len(X)), leaves(tree, X)), 1)
+    return votes.argmax(axis=1)
 
 
 def predict(path: str, cls: tuple, M: int, N: int, K: int, batch) -> dict | None:
@@ -100,11 +117,7 @@ def predict(path: str, cls: tuple, M: int, N: int, K: int, batch) -> dict | None
     if g is None:
         return None
     forest = fit["forests"][g]
-    x = features(M, N, K, batch, cls[-1], fit["header"]["sms"])
-    votes = [0] * len(forest["classes"])
-    for tree in forest["trees"]:
-        votes[_leaf(tree, x)] += 1
-    best = max(range(len(votes)), key=votes.__getitem__)  # the first of the most voted
+    best = int(vote(forest, features(M, N, K, batch, cls[-1], fit["header"]["sms"])[None])[0])
     return copy.deepcopy(fit["templates"][forest["classes"][best]])
 
 
