@@ -72,7 +72,7 @@ def features(M: int, N: int, K: int, batch, align: int, sms: int) -> np.ndarray:
 @functools.lru_cache(maxsize=4)
 def load(path: str) -> dict:
     """The fitted forests of ``path``: header, groups (class string -> forest), forests (each the
-    group's labels as template numbers and its trees), templates. Fits on other features than
+    group's labels as template numbers and its trees, their node lists as numpy arrays), templates. Fits on other features than
     :data:`FEATURES`, or whose header does not name them, are refused."""
     with gzip.open(path, "rt") as f:
         fit = json.load(f)
