@@ -17,9 +17,12 @@ first row (by shape) that has it as its template (evaluated at the user's K by
 (``--trees`` 5, grown fully with entropy, each split among a random ``--max-features`` 0.5 of the
 features, ``random_state=0``; stop 54 and before: one ``DecisionTreeClassifier``). The forests
 written are checked to give scikit-learn's own predictions through ``library_fit.vote`` on
-every row. ``--jobs`` processes read the files and fit the groups (a group's trees in one
-process; the forests are the same for any count: on the shipped records and two random sets
-this script and the one-process one it replaced at stop 57 wrote the same forests and templates).
+every row. ``--jobs`` processes read the files and fit the groups, each forest's trees in
+``--threads`` threads (on a machine of many cores, e.g. ``--jobs 12 --threads 5``: with one
+thread a forest, a group of 911,044 rows keeps one core busy for most of the fit). The forests
+are the same for any counts: on the shipped records and two random sets, this script with two
+processes and one thread, with one process and five threads, and the one-process script it
+replaced at stop 57 wrote the same forests and templates.
 """
 from __future__ import annotations
 
@@ -146,13 +149,13 @@ def _features(shapes: np.ndarray, sms: int) -> np.ndarray:
 
 def _fit_group(args):
     """One group's forest (one process a group), exported, and scikit-learn's own predictions."""
-    g, sms, trees, max_features, template_index = args
+    g, sms, trees, max_features, template_index, threads = args
     from sklearn.ensemble import RandomForestClassifier
 
     shapes, labels = MEMBERS[g]
     X = _features(shapes, sms)
     model = RandomForestClassifier(n_estimators=trees, criterion="entropy", max_features=max_features,
-                                   random_state=0).fit(X, labels)
+                                   random_state=0, n_jobs=threads).fit(X, labels)
     want = np.asarray([template_index[w] for w in model.predict(X)])
     return (export(model, template_index), want, sum(e.tree_.node_count for e in model.estimators_),
             len(model.classes_), int(sum(w == template_index[lab] for w, lab in zip(want, labels))))
@@ -168,7 +171,7 @@ def _check_group(args):
     return None if not bad.size else MEMBERS[g][0][bad[0]].tolist()
 
 
-def fit(out: str, paths: list[str], trees: int = 5, max_features: float = 0.5, jobs: int = 2) -> None:
+def fit(out: str, paths: list[str], trees: int = 5, max_features: float = 0.5, jobs: int = 2, threads: int = 1) -> None:
     import multiprocessing
 
     from sklearn import __version__ as sklearn_version  # development only: not needed to read records
@@ -193,8 +196,8 @@ def fit(out: str, paths: list[str], trees: int = 5, max_features: float = 0.5, j
     pool.close()
     pool = multiprocessing.get_context("fork").Pool(jobs)  # forked after MEMBERS is set
     order = sorted(range(len(MEMBERS)), key=lambda g: -len(MEMBERS[g][0]))  # the largest groups first
-    done = dict(zip(order, pool.map(_fit_group, [(g, sms, trees, max_features, template_index) for g in order],
-                                    chunksize=1)))
+    done = dict(zip(order, pool.map(_fit_group, [(g, sms, trees, max_features, template_index, threads)
+                                                 for g in order], chunksize=1)))
     for g in range(len(MEMBERS)):
         print(f"group {g}: {len(MEMBERS[g][0])} rows, {done[g][2]} nodes, {done[g][3]} labels", flush=True)
     fitted = {"header": {"gpu": header["gpu"], "sms": sms, "sklearn": sklearn_version,
@@ -221,8 +224,10 @@ def main(argv=None):
     p.add_argument("--trees", type=int, default=5, help="trees per forest (default 5)")
     p.add_argument("--max-features", type=float, default=0.5, help="share of the features tried at each split")
     p.add_argument("--jobs", type=int, default=2, help="processes: the files read and the groups fitted in parallel")
+    p.add_argument("--threads", type=int, default=1, help="threads a forest's trees are fitted in (scikit-learn's "
+                   "n_jobs: the same trees for any count)")
     args = p.parse_args(argv)
-    fit(args.out, args.records, args.trees, args.max_features, args.jobs)
+    fit(args.out, args.records, args.trees, args.max_features, args.jobs, args.threads)
 
 
 if __name__ == "__main__":
