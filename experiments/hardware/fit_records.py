@@ -51,12 +51,13 @@ def _digest(args):
         data = json.load(f)
     rows, first = [], {}
     for r in data["cases"]:
-        if r.get("calls") and r.get("kernels") and R.key(r) not in own:
-            k, lab = R.key(r), label(r)
+        k = R.key(r)
+        if r.get("calls") and r.get("kernels") and k not in own:
+            lab, order = label(r), _order(k)
             rows.append((k, bool(r.get("offgrid")), lab))
-            if lab not in first or _order(k) < first[lab][0]:
-                first[lab] = (_order(k), k, {"kernels": r["kernels"],
-                                             "calls": [{"fn": c.get("fn"), "algo": c.get("algo", {})} for c in r["calls"]]})
+            if lab not in first or order < first[lab][0]:
+                first[lab] = (order, k, {"kernels": r["kernels"],
+                                         "calls": [{"fn": c.get("fn"), "algo": c.get("algo", {})} for c in r["calls"]]})
     return data["header"], rows, first
 
 
@@ -148,12 +149,14 @@ def _features(shapes: np.ndarray, sms: int) -> np.ndarray:
 
 
 def _fit_group(args):
-    """One group's forest (one process a group), exported, and scikit-learn's own predictions."""
-    g, sms, trees, max_features, template_index, threads = args
+    """One group's forest (one process a group), exported, and scikit-learn's own predictions;
+    its features kept in ``tmp`` for :func:`_check_group`."""
+    g, sms, trees, max_features, template_index, threads, tmp = args
     from sklearn.ensemble import RandomForestClassifier
 
     shapes, labels = MEMBERS[g]
     X = _features(shapes, sms)
+    np.save(Path(tmp) / f"{g}.npy", X)
     model = RandomForestClassifier(n_estimators=trees, criterion="entropy", max_features=max_features,
                                    random_state=0, n_jobs=threads).fit(X, labels)
     want = np.asarray([template_index[w] for w in model.predict(X)])
@@ -164,15 +167,16 @@ def _fit_group(args):
 def _check_group(args):
     """The template numbers the written forest of group ``g`` gives its rows through
     ``library_fit`` equal scikit-learn's (``want``)."""
-    out, g, sms, want = args
+    out, g, want, tmp = args
     forest = F.load(out)["forests"][g]
-    got = np.asarray(forest["classes"])[F.vote(forest, _features(MEMBERS[g][0], sms))]
+    got = np.asarray(forest["classes"])[F.vote(forest, np.load(Path(tmp) / f"{g}.npy"))]
     bad = np.flatnonzero(got != want)
     return None if not bad.size else MEMBERS[g][0][bad[0]].tolist()
 
 
 def fit(out: str, paths: list[str], trees: int = 5, max_features: float = 0.5, jobs: int = 2, threads: int = 1) -> None:
     import multiprocessing
+    import tempfile
 
     from sklearn import __version__ as sklearn_version  # development only: not needed to read records
 
@@ -196,7 +200,8 @@ def fit(out: str, paths: list[str], trees: int = 5, max_features: float = 0.5, j
     pool.close()
     pool = multiprocessing.get_context("fork").Pool(jobs)  # forked after MEMBERS is set
     order = sorted(range(len(MEMBERS)), key=lambda g: -len(MEMBERS[g][0]))  # the largest groups first
-    done = dict(zip(order, pool.map(_fit_group, [(g, sms, trees, max_features, template_index, threads)
+    tmp = tempfile.TemporaryDirectory()
+    done = dict(zip(order, pool.map(_fit_group, [(g, sms, trees, max_features, template_index, threads, tmp.name)
                                                  for g in order], chunksize=1)))
     for g in range(len(MEMBERS)):
         print(f"group {g}: {len(MEMBERS[g][0])} rows, {done[g][2]} nodes, {done[g][3]} labels", flush=True)
@@ -207,11 +212,12 @@ def fit(out: str, paths: list[str], trees: int = 5, max_features: float = 0.5, j
               "groups": group, "forests": [done[g][0] for g in range(len(MEMBERS))], "templates": templates}
     with gzip.open(out, "wt", compresslevel=9) as f:
         json.dump(fitted, f, separators=(",", ":"))
-    for g, bad in zip(order, pool.map(_check_group, [(out, g, sms, done[g][1]) for g in order], chunksize=1)):
+    for g, bad in zip(order, pool.map(_check_group, [(out, g, done[g][1], tmp.name) for g in order], chunksize=1)):
         if bad is not None:
             raise SystemExit(f"the exported forest of group {g} differs from scikit-learn's at (M, N, K, batch, "
                              f"alignment) {bad}")
     pool.close()
+    tmp.cleanup()
     right, total = sum(d[4] for d in done.values()), sum(len(m[1]) for m in MEMBERS)
     print(f"wrote {out}: {len(MEMBERS)} forests of {trees} trees, {len(templates)} templates; exported = "
           f"scikit-learn on all {total} rows; the fit reproduces {right} of them")
