@@ -11,8 +11,9 @@ scikit-learn's ``predict``) on what decides the bits (the instruction's k, the K
 kernel the epilogue follows (a record row of that form: its kernels and algorithm), from a
 shape's :func:`features`. The forests ship in ``data/cublas_fit_<gpu>.json.gz`` beside the
 records they were fitted on; a GPU with none takes another's where the two GPUs' records agree
-(``library_records.FIT_FROM``). Measured on shapes recorded after the fit in
-``experiments/hardware/README.md``.
+(``library_records.FIT_FROM``), with the split-K count another forest gives for that GPU where
+the two GPUs' records differ around the shape (:func:`splits`). Measured on shapes recorded
+after the fit in ``experiments/hardware/README.md``.
 """
 from __future__ import annotations
 
@@ -69,6 +70,63 @@ def features(M: int, N: int, K: int, batch, align: int, sms: int) -> np.ndarray:
     return np.asarray([v for _, v in _named(M, N, K, batch, align, sms)], dtype=np.float64).astype(np.float32)
 
 
+# a split-K translation's inputs besides FEATURES: the other GPU's split count, and the class
+SPLIT_FEATURES = FEATURES + ("donor's split-K count", "K / donor's split-K count", "k-tiles of 64 a donor's slice",
+                             "library", "input type", "output type", "bias", "C matrix", "C row", "fast accumulation",
+                             "row-wise scales")
+_LIBS = ("F.linear", "torch._scaled_mm", "torch.addmm", "torch.bmm", "torch.mm")
+_TYPES = ("f16", "bf16", "e4m3", "e5m2", "f32")
+
+
+def split_features(cls: tuple, M: int, N: int, K: int, batch, S: int, sms: int) -> np.ndarray:
+    """A split-K translation's inputs (:data:`SPLIT_FEATURES`) as float32: the shape's
+    :func:`features` (class ``cls``: ``library_records._class``), the donor GPU's split count
+    ``S`` and the class's library, types and flags as numbers.
+
+    >>> cls = ("torch.mm", False, "bf16", "bf16", "bf16", (("reduced_precision_reduction", True),), 8)
+    >>> x = split_features(cls, 64, 512, 16384, None, 8, 132)
+    >>> [float(x[SPLIT_FEATURES.index(n)]) for n in ("donor's split-K count", "k-tiles of 64 a donor's slice")]
+    [8.0, 32.0]
+    """
+    lib, _, a, _, out, flags, align = cls
+    f = dict(flags)
+    extra = [S, K / S, -(-K // (64 * S)), _LIBS.index(lib) if lib in _LIBS else -1, _TYPES.index(a), _TYPES.index(out),
+             bool(f.get("bias")), f.get("c") == "matrix", f.get("c") == "row", bool(f.get("use_fast_accum")),
+             f.get("scaling") == "row"]
+    return np.concatenate([features(M, N, K, batch, align, sms),
+                           np.asarray(extra, dtype=np.float64).astype(np.float32)])
+
+
+def _arrays(forest: dict) -> dict:
+    forest["trees"] = [{"feature": np.asarray(t["feature"], np.int64), "right": np.asarray(t["right"], np.int64),
+                        "threshold": np.asarray(t["threshold"], np.float64), "leaf": np.asarray(t["leaf"], np.int64)}
+                       for t in forest["trees"]]
+    return forest
+
+
+@functools.lru_cache(maxsize=4)
+def load_splits(path: str) -> dict:
+    """A split-K translation (``experiments/hardware/fit_from.py``): header and one forest whose
+    labels are split-count differences from the donor GPU's. Files on other inputs than
+    :data:`SPLIT_FEATURES` are refused."""
+    with gzip.open(path, "rt") as f:
+        fit = json.load(f)
+    if fit["header"].get("features") != list(SPLIT_FEATURES) or "forest" not in fit:
+        raise ValueError(f"{path}: not a split-K translation on library_fit.SPLIT_FEATURES: refit it "
+                         "(experiments/hardware/fit_from.py)")
+    _arrays(fit["forest"])
+    return fit
+
+
+def splits(path: str, cls: tuple, M: int, N: int, K: int, batch, S: int) -> int:
+    """The split-K count the translation at ``path`` gives a shape of class ``cls`` where the
+    donor GPU splits K ``S`` ways (at least 1)."""
+    fit = load_splits(path)
+    x = split_features(cls, M, N, K, batch, S, fit["header"]["sms"])
+    forest = fit["forest"]
+    return max(1, S + int(forest["classes"][int(vote(forest, x[None])[0])]))
+
+
 @functools.lru_cache(maxsize=4)
 def load(path: str) -> dict:
     """The fitted forests of ``path``: header, groups (class string -> forest), forests (each the
@@ -80,9 +138,7 @@ def load(path: str) -> dict:
         raise ValueError(f"{path}: fitted on other features than library_fit.FEATURES (or names none), or not a "
                          "forest per group: refit it (experiments/hardware/fit_records.py)")
     for forest in fit["forests"]:
-        forest["trees"] = [{"feature": np.asarray(t["feature"], np.int64), "right": np.asarray(t["right"], np.int64),
-                            "threshold": np.asarray(t["threshold"], np.float64), "leaf": np.asarray(t["leaf"], np.int64)}
-                           for t in forest["trees"]]
+        _arrays(forest)
     return fit
 
 
@@ -126,6 +182,16 @@ def fitted_path(records: str, shipped: dict, fit_from: dict) -> tuple[str | None
     the records of the GPU the fit was made on where ``fit_from`` gives ``records``'s GPU another
     GPU's fit, else None)."""
     return _fitted_path(records, tuple((gpu, str(p)) for gpu, p in shipped.items()), tuple(fit_from.items()))
+
+
+def translation_path(records: str, shipped: dict, fit_from: dict) -> str | None:
+    """The split-K translation (:func:`splits`) for the shipped records file ``records`` of a GPU
+    that takes another's forests (``fit_from``), where one ships; else None."""
+    for gpu, p in shipped.items():
+        if str(p) == records and gpu in fit_from:
+            q = DATA / f"cublas_fit_{gpu.lower()}_from_{fit_from[gpu].lower()}.json.gz"
+            return str(q) if q.exists() else None
+    return None
 
 
 @functools.lru_cache(maxsize=16)

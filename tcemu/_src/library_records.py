@@ -40,10 +40,13 @@ DATA = Path(__file__).parent / "data"
 # counts and kernels; the H200's also hold 120,400 cases at 4000 random shapes, "offgrid"); another
 # GPU: record it with tcemu.record
 SHIPPED = {"H100": DATA / "cublas_records_h100.json.gz", "H200": DATA / "cublas_records_h200.json.gz"}
-# a GPU whose shipped records have no fit of their own takes another's where the two GPUs' records
-# agree at the nearest recorded row: the H100 (no random shapes recorded on one) the H200's (the
-# same GH100 chip and 132 SMs, the same cuBLAS; measured in experiments/hardware/README.md)
+# a GPU whose shipped records have no fit of their own takes another's, with the split-K count of a
+# translation fitted on both GPUs' records where they differ around the shape: the H100 (no random
+# shapes recorded on one) the H200's (the same GH100 chip and 132 SMs, the same cuBLAS; measured in
+# experiments/hardware/README.md)
 FIT_FROM = {"H100": "H200"}
+# a record file made on a shipped GPU with the shipped records' torch and cuBLASLt takes their fit
+TWIN = ("gpu", "sms", "torch", "cublaslt")
 SOURCES = ("recorded", "rule", "nearest")
 SERIAL = "INPLACE"
 
@@ -174,10 +177,12 @@ def lookup(path: str, lib: str, batch, M: int, N: int, K: int, a: str, b: str, o
     """(row, source) for a case from a record file. "recorded": the record of this very case.
     "rule": the rows at the 8 corners of a recorded grid cell around the shape, in its class
     (:func:`_class`; :func:`_corners`), all give the nearest grid row's instruction and K
-    schedule: that one. "nearest": otherwise, for the shipped records, the kernel and algorithm
+    schedule: that one. "nearest": otherwise, for the shipped records (and records made on a
+    shipped GPU with their torch and cuBLASLt: :func:`_shipped_twin`), the kernel and algorithm
     the random forest fitted on them gives (:mod:`~tcemu._src.library_fit`; the row returned is
-    marked ``"fitted": true``); a GPU of :data:`FIT_FROM` takes the other GPU's forest where that
-    GPU's records hold the nearest row below with its form. Otherwise, and for other records, the
+    marked ``"fitted": true``); a GPU of :data:`FIT_FROM` takes the other GPU's forest, with its
+    split-K count translated where the two GPUs' records differ around the shape (:func:`_fitted`).
+    Otherwise, and for other records, the
     row at the least ``|log2 M/M'| + |log2 N/N'| + |log2 K/K'|`` (batch too) of its class,
     off-grid rows included (``"offgrid": true``: shapes recorded at random, which make no grid
     cells). None when the class has no rows."""
@@ -207,15 +212,58 @@ def lookup(path: str, lib: str, batch, M: int, N: int, K: int, a: str, b: str, o
 
 def _fitted(path: str, k: tuple, near) -> dict | None:
     """The row the fitted forest gives case ``k`` (marked ``"fitted": true``), or None: the records
-    at ``path`` have no fit, its class no forest, or the fit is another GPU's (:data:`FIT_FROM`)
-    whose records do not hold the nearest row (``near()``) with its form at the case's K."""
+    at ``path`` have no fit or its class no forest. The fit of another GPU (:data:`FIT_FROM`) is
+    taken as it is where that GPU's records hold the rows around the shape with their forms at
+    the case's K (:func:`_agrees_around`); else with its nvjet split-K count translated to this
+    GPU's (:func:`_translated`)."""
     lib, batch, M, N, K, a, b, out, flags = k
-    fit, donor = library_fit.fitted_path(path, SHIPPED, FIT_FROM)
-    if fit is None or (donor and not _agrees(donor, near(), K)):
+    shipped = _shipped_twin(path)
+    fit, donor = library_fit.fitted_path(shipped, SHIPPED, FIT_FROM)
+    template = fit and library_fit.predict(fit, _class(k), M, N, K, batch)
+    if not template:
         return None
-    template = library_fit.predict(fit, _class(k), M, N, K, batch)
-    return template and dict(template, lib=lib, batch=batch, M=M, N=N, K=K, a=a, b=b, out=out, flags=dict(flags),
-                             fitted=True)
+    row = dict(template, lib=lib, batch=batch, M=M, N=N, K=K, a=a, b=b, out=out, flags=dict(flags), fitted=True)
+    return row if not donor or _agrees_around(path, donor, k, near) else _translated(shipped, fit, row, k)
+
+
+def _shipped_twin(path: str) -> str:
+    """The shipped records file of the GPU the records at ``path`` were made on, where their
+    header names it with the same torch and cuBLASLt (:data:`TWIN`: the same heuristic), else
+    ``path``."""
+    if path in {str(p) for p in SHIPPED.values()}:
+        return path
+    header = load(path)[0]
+    return next((str(p) for p in SHIPPED.values()
+                 if p.exists() and all(header.get(f) == load(str(p))[0].get(f) for f in TWIN)), path)
+
+
+def _agrees_around(path: str, donor: str, k: tuple, near) -> bool:
+    """Whether the records at ``donor`` hold, with their forms at case ``k``'s K, the rows of
+    ``path`` at the 8 corners of the grid cell around it (:func:`_corners`), or where there is no
+    such cell the nearest row (``near()``)."""
+    lib, batch, M, N, K, *_ = k
+    return all(_agrees(donor, r, K) for r in _corners(path, _class(k), M, N, K, batch) or [near()])
+
+
+def _translated(path: str, fit: str, row: dict, k: tuple) -> dict | None:
+    """A donor's fitted ``row`` with the split-K count the translation of ``path``'s GPU gives
+    (:func:`library_fit.splits`; nvjet kernels splitting K: the two GPUs' records differ in nothing
+    else); no split: the first of the fit's nvjet templates without split-K of the same k-tile
+    and C handling. None where no translation ships (then the nearest row answers)."""
+    tr = library_fit.translation_path(path, SHIPPED, FIT_FROM)
+    S = int(algo(row).get("numSplitsK", 1))
+    if tr is None or family(row["kernels"]) != "nvjet" or S == 1:
+        return row if tr else None
+    S1 = library_fit.splits(tr, _class(k), k[2], k[3], k[4], k[1], S)
+    if S1 > 1:
+        out = json.loads(json.dumps(row))
+        out["calls"][-1]["algo"]["numSplitsK"] = S1
+        return out
+    tile, badd = _nvjet_k_tile(row["kernels"]), "_badd_" in " ".join(row["kernels"])
+    template = next((t for t in library_fit.load(fit)["templates"] if family(t["kernels"]) == "nvjet"
+                     and int(algo(t).get("numSplitsK", 1)) == 1 and _nvjet_k_tile(t["kernels"]) == tile
+                     and ("_badd_" in " ".join(t["kernels"])) == badd), None)
+    return template and json.loads(json.dumps(dict(row, kernels=template["kernels"], calls=template["calls"])))
 
 
 def _agrees(donor: str, row: dict, K: int) -> bool:
