@@ -76,6 +76,8 @@ SHAPES = {  # (M, N, K): odd and round, skinny and deep
     "fresh8": [s[1:] for s in G.FRESH8_SHAPES if s[0] is None],
     # after stop 57's freeze (library_gemm.py's fresh9, unbatched)
     "fresh9": [s[1:] for s in G.FRESH9_SHAPES if s[0] is None],
+    # after stop 58's freeze (library_gemm.py's fresh10, unbatched)
+    "fresh10": [s[1:] for s in G.FRESH10_SHAPES if s[0] is None],
 }
 BLOCK_SHAPES = {  # fp8 block scales along K: K a multiple of 128
     "dev": [(256, 768, 512), (384, 128, 1280), (512, 1024, 4096), (128, 4096, 7168), (2048, 2048, 2048),

@@ -173,8 +173,10 @@ def library_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, ba
     ``(config, source)``: "recorded" (cuBLAS's choice for this very case), "rule" (a documented
     rule: XLA's own with its autotuner off, the layers' split-K-off rule where K and N are
     multiples of 8, block-scaled fp8, or records agreeing around the shape) or "nearest" (a
-    guess: for the shipped records, the kernel a random forest fitted on the H200's gives
-    (:mod:`~tcemu._src.library_fit`); otherwise the nearest measured shape's configuration, the
+    guess: for the shipped records, and a file made on the H100 or H200 with their torch and
+    cuBLASLt, the kernel a random forest fitted on the H200's gives (the H100: with its own split-K
+    count where the two GPUs' records differ around the shape; :mod:`~tcemu._src.library_fit`);
+    otherwise the nearest measured shape's configuration, the
     measured table's included; jnp.dot
     with the autotuner on at a shape the table lacks: XLA's split-K rewriter's slices in
     64-element k-tiles, reduced in order);
