@@ -88,7 +88,7 @@ def test_file_names_follow_the_grid():
         assert re.fullmatch(stem + L.G.grid_suffix(grid) + tail, p.name), (p.name, grid)
         seen.add(grid)
     assert seen >= {"table", "dev", "held-out", "fresh", "fresh2", "fresh3", "fresh4", "fresh5", "fresh6", "fresh7",
-                    "fresh8", "fresh9", "slices", "serial"}
+                    "fresh8", "fresh9", "fresh10", "slices", "serial"}
 
 
 def _values(bits, fmt):

@@ -70,7 +70,9 @@ H200_RECORDED = [("library_gemm_h200_torch_slices.npz", "cublas_records_h200_sli
                  # 14 shapes captured after stop 56's refit was frozen: every row of 468 cases right (README)
                  ("library_gemm_h200_torch_fresh8.npz", "cublas_records_h200_fresh8.json.gz", 4),
                  # 14 shapes captured after stop 57's refit was frozen: every row of 468 cases right (README)
-                 ("layer_gemm_h200_torch_default_fresh9.npz", "cublas_records_h200_fresh9.json.gz", 24)]
+                 ("layer_gemm_h200_torch_default_fresh9.npz", "cublas_records_h200_fresh9.json.gz", 24),
+                 # 14 shapes captured after stop 58's refit was frozen: every row of 440 cases right (README)
+                 ("library_gemm_h200_torch_fresh10.npz", "cublas_records_h200_fresh10.json.gz", 4)]
 
 
 # every stride-th case (CI time); each sample holds cases whose slices the rule changes
