@@ -138,12 +138,22 @@ def test_fit_only_for_the_shipped_records(tmp_path):
     assert source == "nearest" and row["fitted"] and (row["M"], row["N"], row["K"]) == (1000, 3002, 1003)
 
 
-def _records(path, kernels, algo):
+def _records(path, kernels, algo, header=None):
+    """A record file of one row at 64 x 333 x 4097 (header: the file's name as the GPU's)."""
     row = {"lib": "torch.mm", "batch": None, "M": 64, "N": 333, "K": 4097, "a": "bf16", "b": "bf16", "out": "bf16",
            "flags": {"reduced_precision_reduction": True}, "kernels": kernels, "calls": [{"algo": algo}]}
     with gzip.open(path, "wt") as f:
-        json.dump({"header": {"gpu": path.name}, "cases": [row]}, f)
+        json.dump({"header": header or {"gpu": path.name}, "cases": [row]}, f)
     return path
+
+
+def _lookup(monkeypatch, tmp_path, shipped, records):
+    """``records``' answer at 100 x 333 x 1001 with ``shipped`` as the shipped records and the fit
+    files written in ``tmp_path``."""
+    monkeypatch.setattr(F, "DATA", tmp_path)
+    monkeypatch.setattr(R, "SHIPPED", shipped)
+    return R.lookup(str(records), "torch.mm", None, 100, 333, 1001, "bf16", "bf16", "bf16",
+                    {"reduced_precision_reduction": True})
 
 
 @pytest.mark.parametrize("h200_kernels, fitted", [(NVJET["kernels"], True), (SPLIT["kernels"], False)])
@@ -152,11 +162,8 @@ def test_h100_takes_the_h200_trees_where_their_records_agree(tmp_path, monkeypat
     shipped = {"H100": _records(tmp_path / "h100.json.gz", NVJET["kernels"], {"algoId": 66}),
                "H200": _records(tmp_path / "h200.json.gz", h200_kernels, SPLIT["calls"][0]["algo"]
                                 if h200_kernels == SPLIT["kernels"] else {"algoId": 66})}
-    monkeypatch.setattr(F, "DATA", tmp_path)
     _fit(tmp_path, "cublas_fit_h200.json.gz")
-    monkeypatch.setattr(R, "SHIPPED", shipped)
-    row, source = R.lookup(str(shipped["H100"]), "torch.mm", None, 100, 333, 1001, "bf16", "bf16", "bf16",
-                           {"reduced_precision_reduction": True})
+    row, source = _lookup(monkeypatch, tmp_path, shipped, shipped["H100"])
     assert source == "nearest" and bool(row.get("fitted")) == fitted
     assert row["kernels"] == (SPLIT["kernels"] if fitted else NVJET["kernels"])
 
@@ -185,13 +192,10 @@ def test_h100_translates_the_h200_split_count_where_their_records_differ(tmp_pat
     shipped = {"H100": _records(tmp_path / "h100.json.gz", NVJET["kernels"], {"algoId": 66}),
                "H200": _records(tmp_path / "h200.json.gz", NVJET_SPLIT["kernels"] if len(h200_algo) > 1
                                 else NVJET["kernels"], h200_algo)}
-    monkeypatch.setattr(F, "DATA", tmp_path)
     _write(tmp_path, "cublas_fit_h200.json.gz", [{"classes": [0], "trees": [
         {"feature": [-1], "threshold": [0.0], "right": [-1], "leaf": [0]}]}], [NVJET_SPLIT, NVJET])
     _translation(tmp_path, delta)
-    monkeypatch.setattr(R, "SHIPPED", shipped)
-    row, source = R.lookup(str(shipped["H100"]), "torch.mm", None, 100, 333, 1001, "bf16", "bf16", "bf16",
-                           {"reduced_precision_reduction": True})
+    row, source = _lookup(monkeypatch, tmp_path, shipped, shipped["H100"])
     assert source == "nearest" and row["fitted"] and (row["M"], row["N"], row["K"]) == (100, 333, 1001)
     if isinstance(want, int):
         assert row["kernels"] == NVJET_SPLIT["kernels"] and R.algo(row)["numSplitsK"] == want
@@ -207,16 +211,9 @@ def test_own_records_of_a_shipped_gpu_and_library_take_its_forests(tmp_path, mon
     # a file of tcemu.record made on the H200 with the shipped torch and cuBLASLt (the header's
     # GPU, SMs, torch, cuBLASLt): the shipped forests answer the shapes it does not hold
     shipped = {"H200": _records(tmp_path / "h200.json.gz", NVJET["kernels"], {"algoId": 66})}
-    mine = _records(tmp_path / "mine.json.gz", NVJET["kernels"], {"algoId": 66})
-    with gzip.open(mine, "rt") as f:
-        data = json.load(f)
-    with gzip.open(mine, "wt") as f:
-        json.dump(dict(data, header=header), f)
-    monkeypatch.setattr(F, "DATA", tmp_path)
+    mine = _records(tmp_path / "mine.json.gz", NVJET["kernels"], {"algoId": 66}, header)
     _fit(tmp_path, "cublas_fit_h200.json.gz")
-    monkeypatch.setattr(R, "SHIPPED", shipped)
-    row, source = R.lookup(str(mine), "torch.mm", None, 100, 333, 1001, "bf16", "bf16", "bf16",
-                           {"reduced_precision_reduction": True})
+    row, source = _lookup(monkeypatch, tmp_path, shipped, mine)
     assert source == "nearest" and bool(row.get("fitted")) == fitted
     assert row["kernels"] == (SPLIT["kernels"] if fitted else NVJET["kernels"])
 

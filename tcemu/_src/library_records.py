@@ -24,6 +24,7 @@ A shape the records do not hold is answered by the rule of :func:`lookup`.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import gzip
 import json
@@ -201,21 +202,23 @@ def lookup(path: str, lib: str, batch, M: int, N: int, K: int, a: str, b: str, o
     def nearest(rows):
         return min(rows, key=lambda r: (dist(r), r["M"] * r["N"] * r["K"]))
 
-    corners = {_form(r, K) for r in _corners(path, _class(k), M, N, K, batch) or ()}
-    if len(corners) == 1:
+    cell = _corners(path, _class(k), M, N, K, batch) or []
+    forms = {_form(r, K) for r in cell}
+    if len(forms) == 1:
         best = nearest(_grid_by_class(path)[_class(k)])
-        if corners == {_form(best, K)}:
+        if forms == {_form(best, K)}:
             return best, "rule"
     near = functools.cache(lambda: nearest(cands))
-    return _fitted(path, k, near) or near(), "nearest"
+    return _fitted(path, k, cell, near) or near(), "nearest"
 
 
-def _fitted(path: str, k: tuple, near) -> dict | None:
+def _fitted(path: str, k: tuple, cell: list, near) -> dict | None:
     """The row the fitted forest gives case ``k`` (marked ``"fitted": true``), or None: the records
     at ``path`` have no fit or its class no forest. The fit of another GPU (:data:`FIT_FROM`) is
-    taken as it is where that GPU's records hold the rows around the shape with their forms at
-    the case's K (:func:`_agrees_around`); else with its nvjet split-K count translated to this
-    GPU's (:func:`_translated`)."""
+    taken as it is where that GPU's records hold, with their forms at the case's K, the rows at
+    the 8 corners of the grid cell around the shape (``cell``: :func:`_corners`), or where there
+    is none the nearest row (``near()``); else
+    with its nvjet split-K count translated to this GPU's (:func:`_translated`)."""
     lib, batch, M, N, K, a, b, out, flags = k
     shipped = _shipped_twin(path)
     fit, donor = library_fit.fitted_path(shipped, SHIPPED, FIT_FROM)
@@ -223,7 +226,9 @@ def _fitted(path: str, k: tuple, near) -> dict | None:
     if not template:
         return None
     row = dict(template, lib=lib, batch=batch, M=M, N=N, K=K, a=a, b=b, out=out, flags=dict(flags), fitted=True)
-    return row if not donor or _agrees_around(path, donor, k, near) else _translated(shipped, fit, row, k)
+    if not donor or all(_agrees(donor, r, K) for r in cell or [near()]):
+        return row
+    return _translated(shipped, fit, row, k)
 
 
 def _shipped_twin(path: str) -> str:
@@ -237,14 +242,6 @@ def _shipped_twin(path: str) -> str:
                  if p.exists() and all(header.get(f) == load(str(p))[0].get(f) for f in TWIN)), path)
 
 
-def _agrees_around(path: str, donor: str, k: tuple, near) -> bool:
-    """Whether the records at ``donor`` hold, with their forms at case ``k``'s K, the rows of
-    ``path`` at the 8 corners of the grid cell around it (:func:`_corners`), or where there is no
-    such cell the nearest row (``near()``)."""
-    lib, batch, M, N, K, *_ = k
-    return all(_agrees(donor, r, K) for r in _corners(path, _class(k), M, N, K, batch) or [near()])
-
-
 def _translated(path: str, fit: str, row: dict, k: tuple) -> dict | None:
     """A donor's fitted ``row`` with the split-K count the translation of ``path``'s GPU gives
     (:func:`library_fit.splits`; nvjet kernels splitting K: the two GPUs' records differ in nothing
@@ -256,14 +253,14 @@ def _translated(path: str, fit: str, row: dict, k: tuple) -> dict | None:
         return row if tr else None
     S1 = library_fit.splits(tr, _class(k), k[2], k[3], k[4], k[1], S)
     if S1 > 1:
-        out = json.loads(json.dumps(row))
+        out = copy.deepcopy(row)
         out["calls"][-1]["algo"]["numSplitsK"] = S1
         return out
     tile, badd = _nvjet_k_tile(row["kernels"]), "_badd_" in " ".join(row["kernels"])
     template = next((t for t in library_fit.load(fit)["templates"] if family(t["kernels"]) == "nvjet"
                      and int(algo(t).get("numSplitsK", 1)) == 1 and _nvjet_k_tile(t["kernels"]) == tile
                      and ("_badd_" in " ".join(t["kernels"])) == badd), None)
-    return template and json.loads(json.dumps(dict(row, kernels=template["kernels"], calls=template["calls"])))
+    return template and dict(row, **copy.deepcopy({k: template[k] for k in ("kernels", "calls")}))
 
 
 def _agrees(donor: str, row: dict, K: int) -> bool:
