@@ -7,12 +7,16 @@ Rows: the native step (float32 GEMMs), the hand-written emulated step (``nnx.Lin
 dot_general=functools.partial(tcemu.dot_general, config=...))``) and ``tcemu.emulate(train_step,
 config)`` on the native model; compile time (first call) and the best / median time of a step.
 Both emulated steps compute the same bits (checked); emulate's interpreter runs at trace time
-only, so their compiled steps should take the same time, within noise. Rounds are interleaved.
+only, so their compiled steps should take the same time, within noise: the script also compares
+the two compiled programs (each instruction's opcode and result shape, names and source lines
+left out). Rounds are interleaved.
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
+import re
 import time
 
 import jax
@@ -41,6 +45,18 @@ def train_step(model, opt, x, y):
     value, grads = nnx.value_and_grad(loss)(model)
     opt.update(model, grads)
     return value
+
+
+def compiled_ops(step, model, opt, x, y) -> collections.Counter:
+    """(result shape, opcode) of every instruction of ``step``'s compiled program, counted."""
+    graph, state = nnx.split((model, opt))
+
+    def pure(state, x, y):
+        model, opt = nnx.merge(graph, state)
+        return step(model, opt, x, y), nnx.state((model, opt))
+
+    text = jax.jit(pure).lower(state, x, y).compile().as_text()
+    return collections.Counter(re.findall(r"= (\S+) ([\w-]+)\(", text))
 
 
 def main():
@@ -78,6 +94,11 @@ def main():
           f"{cfg.arch} {cfg.instruction}")
     print(table(rows, ["step", "first call s", "best ms", "median ms", "/ by hand"]))
     print(f"emulate and by hand give the same parameters after the first step: {same}")
+    ops = {name: compiled_ops(fn, *models[name], x, y)
+           for name, fn in [("tcemu by hand", train_step), ("tcemu.emulate", tcemu.emulate(train_step, cfg))]}
+    print(f"compiled programs: by hand {sum(ops['tcemu by hand'].values())} instructions, emulate "
+          f"{sum(ops['tcemu.emulate'].values())}; the same opcodes and shapes: "
+          f"{ops['tcemu by hand'] == ops['tcemu.emulate']}")
 
 
 if __name__ == "__main__":
