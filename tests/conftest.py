@@ -87,6 +87,8 @@ CI_SAMPLE = {
     ("test_library_layers", "test_presets_reproduce_captured_layers"): 16,
     ("test_library_records", "test_identify_finds_serial_split_k_with_the_epilogue"): 2,
     ("test_library_records", "test_tcemu_record_reproduces_h200_captures"): 6,
+    ("test_library_workspace", "test_default_splits_dropped"): 3,
+    ("test_library_workspace", "test_default_unsplit_kept"): 2,
     ("test_library_records", "test_shipped_records_reproduce_captures"): 4,
     ("test_library_records", "test_tcemu_record_reproduces_a_fresh_capture"): 4,
     ("test_library", "test_identify_tries_the_records_at_the_whole_shape_first"): 4,

@@ -84,7 +84,7 @@ def test_file_names_follow_the_grid():
         lib, mode = re.search(r"--lib (\w+)", header["command"]).group(1), header.get("mode")
         stem = ("layer_gemm_h\\d00_" + lib + "_" + mode if mode else
                 "library_gemm_h\\d00_" + lib + ("_autotune0" if "autotune_level=0" in header["command"] else ""))
-        tail = r"(_salt\d+)?(_scaled_block|_scaled_mm|_process\d)?\.npz"
+        tail = r"(_salt\d+)?(_scaled_block|_scaled_mm|_process\d)?(_workspace0)?\.npz"
         assert re.fullmatch(stem + L.G.grid_suffix(grid) + tail, p.name), (p.name, grid)
         seen.add(grid)
     assert seen >= {"table", "dev", "held-out", "fresh", "fresh2", "fresh3", "fresh4", "fresh5", "fresh6", "fresh7",

@@ -30,8 +30,9 @@ from identify_layers import emulate, epilogue_operands  # noqa: E402
 DATA = ROOT / "tests" / "data"
 # the fresh captures check the records' answers (tests/test_library_records.py)
 # (the salt-13 serial and salt-17 scaled_mm held-out captures: tests/test_library_records.py)
+# (zero-workspace captures: tests/test_library_workspace.py)
 CAPTURES = sorted(p for p in DATA.glob("layer_gemm_h*.npz") if not any(x in p.name for x in ("_fresh", "_salt13",
-                                                                                            "_salt17")))
+                                                                                            "_salt17", "_workspace0")))
 # (reproduced, cases) among the cases outside the aligned, unsplit ones: CUTLASS 2 / xmma kernels
 # (K or N not a multiple of 8), split-K, and torch._scaled_mm's table schedules; H100 torch
 # layers from the shipped cuBLAS records since they exist (the H200's since 2026-11-28)

@@ -67,6 +67,8 @@ def _check(path, key, records, nrows):
         lib, flags, M, batch = preset(case)
     else:
         lib, flags, M, batch = case["lib"], case["flags"], case["M"], case["batch"]
+    if R.zero_workspace(meta["header"]["versions"].get("env", {})):  # captured with a zero workspace
+        flags = dict(flags, workspace=0)
     rows, cols, d = z[f"{key}.rows"][:nrows or None], z[f"{key}.cols"], z[f"{key}.d"][:nrows or None]
     out = dict(capture=Path(path).name, key=key, lib=lib, flags=flags, shape=[batch, M, case["N"], case["K"]],
                a=case["a"], b=case["b"], out=case["out"], kernels=case.get("kernels"))

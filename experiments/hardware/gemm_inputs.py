@@ -120,11 +120,14 @@ FRESH8_SHAPES = draw_shapes(20261233, 14)
 FRESH9_SHAPES = draw_shapes(20261234, 14)
 # drawn at stop 58, captured after its freeze
 FRESH10_SHAPES = draw_shapes(20261235, 14)
+# drawn at stop 59: captured with a zero cuBLAS workspace beside fresh10, opened only after the
+# workspace rule was frozen
+FRESH11_SHAPES = draw_shapes(20261236, 14)
 GRIDS = {"table": SHAPES, "held-out": HELD_OUT_SHAPES, "fresh": FRESH_SHAPES, "fresh2": FRESH2_SHAPES,
          "fresh3": FRESH3_SHAPES, "slices": SLICES_SHAPES,
          "fresh4": FRESH4_SHAPES, "fresh5": FRESH5_SHAPES, "fresh6": FRESH6_SHAPES,
          "fresh7": FRESH7_SHAPES, "fresh8": FRESH8_SHAPES, "fresh9": FRESH9_SHAPES,
-         "fresh10": FRESH10_SHAPES}
+         "fresh10": FRESH10_SHAPES, "fresh11": FRESH11_SHAPES}
 UNSUFFIXED = ("table", "dev")  # the development grids of library_gemm.py and layer_gemm.py
 
 

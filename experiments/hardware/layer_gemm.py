@@ -78,6 +78,8 @@ SHAPES = {  # (M, N, K): odd and round, skinny and deep
     "fresh9": [s[1:] for s in G.FRESH9_SHAPES if s[0] is None],
     # after stop 58's freeze (library_gemm.py's fresh10, unbatched)
     "fresh10": [s[1:] for s in G.FRESH10_SHAPES if s[0] is None],
+    # stop 59's zero-workspace held-out grid (library_gemm.py's fresh11, unbatched)
+    "fresh11": [s[1:] for s in G.FRESH11_SHAPES if s[0] is None],
 }
 BLOCK_SHAPES = {  # fp8 block scales along K: K a multiple of 128
     "dev": [(256, 768, 512), (384, 128, 1280), (512, 1024, 4096), (128, 4096, 7168), (2048, 2048, 2048),

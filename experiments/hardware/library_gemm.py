@@ -64,6 +64,7 @@ class Torch:
         t = self.torch
         return {"torch": t.__version__, "cuda": t.version.cuda, "cublas": _cublas_version(),
                 "blas": str(t.backends.cuda.preferred_blas_library()),
+                "env": {k: os.environ[k] for k in ("CUBLASLT_WORKSPACE_SIZE", "CUBLAS_WORKSPACE_CONFIG") if k in os.environ},
                 "sms": t.cuda.get_device_properties(0).multi_processor_count,
                 "gpu": t.cuda.get_device_name(0)}
 

@@ -29,6 +29,8 @@ each call launched, and ``tcemu.identify`` given the bias / C on every case):
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from tcemu._src.gemm import Epilogue, GemmConfig, KSchedule
 from tcemu._src import library_records as R
 from tcemu._src import library_xla as X
@@ -39,6 +41,9 @@ LAYERS = {"F.linear": ("bias", "allow_splitk"), "torch.matmul": ("allow_splitk",
           "torch.addmm": ("c", "alpha", "beta", "allow_splitk"), "torch.baddbmm": ("alpha", "beta", "allow_splitk"),
           "jax.dense": ("bias", "xla_autotune")}
 DEFAULTS = {"bias": True, "allow_splitk": True, "c": "matrix", "alpha": 1.0, "beta": 1.0, "xla_autotune": True}
+# what library_config's workspace=0 (a zero cuBLAS workspace) answers for
+ZERO_WORKSPACE_LIBS = ("torch.mm", "torch.bmm", "torch._scaled_mm", "F.linear", "torch.matmul", "torch.addmm",
+                       "torch.baddbmm")
 
 
 def _flags(lib: str, flags: dict) -> dict:
@@ -165,6 +170,13 @@ def library_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, ba
     recipe and scale_b's, given to ``matmul`` as (M, K / 128) and (K / 128, N)). Pass the layer's bias / C / alpha / beta to
     :func:`tcemu.matmul` with the config returned: its ``epilogue`` says where they are added.
 
+    ``workspace=0`` (torch's GEMMs, default mode): a process with a zero cuBLAS workspace
+    (``CUBLAS_WORKSPACE_CONFIG=:0:0`` and ``CUBLASLT_WORKSPACE_SIZE=0``): cuBLAS then runs the
+    default answer's kernel without split-K (source "rule" where that kernel is nvjet and the
+    default answer recorded or a rule; "nearest" otherwise). With ``allow_splitk=False`` it is
+    refused (torch raises for most such GEMMs). Records made by :func:`tcemu.record` in such a
+    process (its header's ``env``) imply ``workspace=0``.
+
     Where the answer comes from: ``records`` (default: the records shipped for ``arch``; a path:
     a file of :func:`tcemu.record` made on the user's GPU, whose name must hold ``arch``; False:
     none) holds cuBLAS's own choices for torch.mm, torch.bmm, torch._scaled_mm (tensor and row
@@ -203,12 +215,54 @@ def library_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, ba
             raise TypeError(f"library_config: {name} must be True or False, got {v!r}")
     if hlo is not None and lib != "jnp.dot":
         raise ValueError(f"library_config: hlo= is for jnp.dot (XLA's compiled choice), not {lib}")
+    if (lib in ZERO_WORKSPACE_LIBS and "workspace" not in flags and isinstance(records, (str, Path))
+            and Path(records).is_file() and R.zero_workspace(R.header(str(records)).get("env", {}))):
+        flags = dict(flags, workspace=0)  # records made with a zero workspace answer for it
+    zero = _check_workspace(lib, flags)
     cfg, source = _answer(lib, arch, M, N, K, a, b, out, batch, records, flags, hlo)
+    if zero:
+        cfg, source = _zero_workspace(lib, cfg, source, K, N, flags)
     if strict and source not in ("recorded", "rule", "compiled"):
         raise ValueError(f"library_config: no record or rule answers {lib} on {arch} at {M}x{N}x{K} "
                          f"({a} x {b} -> {out}, batch {batch}, flags {flags}); strict=True refuses the nearest "
                          "measured shape's configuration (run tcemu.record on the GPU for this shape)")
     return (cfg, source) if with_source else cfg
+
+
+def _check_workspace(lib: str, flags: dict) -> bool:
+    """Takes ``workspace`` out of ``flags``: whether it asks for a zero workspace (see
+    :func:`_zero_workspace`); anything else than 0 or omitted is refused."""
+    if "workspace" not in flags:
+        return False
+    w = flags.pop("workspace")
+    if isinstance(w, bool) or not isinstance(w, int) or w != 0:
+        raise ValueError(f"library_config: workspace must be 0 (CUBLAS_WORKSPACE_CONFIG=:0:0 and "
+                         f"CUBLASLT_WORKSPACE_SIZE=0) or left out (torch's default workspace), got {w!r}; for "
+                         "another size, run tcemu.record under it and pass records=")
+    if lib not in ZERO_WORKSPACE_LIBS:
+        raise ValueError(f"library_config: workspace=0 is for cuBLAS through torch ({', '.join(ZERO_WORKSPACE_LIBS)}), "
+                         f"not {lib}")
+    if flags.get("allow_splitk", True) is False:
+        raise ValueError("library_config: workspace=0 with allow_splitk=False is not modelled: torch 2.11 raises "
+                         "'OOM trying to allocate workspace for cublaslt' for most such GEMMs (measured on an H200: "
+                         "torch.mm, torch.matmul, F.linear without bias, torch.addmm with a C matrix)")
+    return True
+
+
+def _zero_workspace(lib: str, cfg: GemmConfig, source: str, K: int, N: int, flags: dict) -> tuple[GemmConfig, str]:
+    """torch's GEMMs with a zero cuBLAS workspace: cuBLAS runs the default answer's kernel
+    without its split-K (no workspace for the partials), one chain per output tile, and a
+    layer's bias or C where that kernel adds them unsplit. Measured on the H200 (zero-workspace
+    captures, ``experiments/hardware/README.md``): right wherever the default answer is and its
+    kernel is nvjet; where a CUTLASS 2 kernel (K or N off a multiple of 8) loses its split,
+    cuBLAS may take another CUTLASS kernel, so that answer is "nearest"."""
+    s = cfg.schedule
+    if s.slices == 1:
+        return cfg, source
+    cfg = cfg.replace(schedule=KSchedule(k_tile=s.k_tile, residue=s.residue, promotion=s.promotion))
+    if lib in LAYERS:
+        cfg = cfg.replace(epilogue=_torch_epilogue(lib, _flags(lib, flags), K, N))
+    return cfg, ("rule" if cublas_family(K, N) == "nvjet" and source in ("recorded", "rule") else "nearest")
 
 
 def _recorded_epilogue(lib: str, f: dict, row: dict, epi: Epilogue) -> Epilogue:

@@ -309,6 +309,30 @@ def _corners(path: str, cls: tuple, M, N, K, batch):
     return [at[(m, n, k)] for m in (m0, m1) for n in (n0, n1) for k in (k0, k1)]
 
 
+def zero_workspace(env: dict) -> bool:
+    """Whether torch's environment (a record header's ``env``) gives cuBLAS no workspace: both
+    ``CUBLAS_WORKSPACE_CONFIG`` (``:SIZE:COUNT`` pairs, KiB) and ``CUBLASLT_WORKSPACE_SIZE``
+    (KiB) zero, the setting measured.
+
+    >>> zero_workspace({"CUBLAS_WORKSPACE_CONFIG": ":0:0", "CUBLASLT_WORKSPACE_SIZE": "0"})
+    True
+    >>> zero_workspace({"CUBLAS_WORKSPACE_CONFIG": ":4096:8"})
+    False
+    """
+    pairs = str(env.get("CUBLAS_WORKSPACE_CONFIG", "")).strip(":").split(":")
+    try:
+        sizes = [int(pairs[i]) * int(pairs[i + 1]) for i in range(0, len(pairs) - 1, 2)]
+    except ValueError:
+        return False
+    return bool(sizes) and not any(sizes) and str(env.get("CUBLASLT_WORKSPACE_SIZE", "")).strip() == "0"
+
+
+@functools.lru_cache(maxsize=8)
+def header(path: str) -> dict:
+    """The header of the record file at ``path``."""
+    return load(path)[0]
+
+
 def records_path(records, arch, gpu: str):
     """The record file ``library_config`` reads: ``records`` None (the file shipped for ``gpu``,
     if any), False (none) or a path (a file of :func:`tcemu.record` made on a GPU whose name

@@ -230,14 +230,43 @@ class _Runner:
                     fn = self.call(c)
                     logger.calls = []
                     with record_function(f"tcemu_case{i}"):
-                        fn()
-                    calls.append(logger.calls)
+                        error = attempt(fn)
+                    calls.append({"error": error} if error else logger.calls)
                     logger.calls = None
                 t.cuda.synchronize()
         finally:
             t.backends.cuda.preferred_blas_library(blas)
             m.allow_fp16_reduced_precision_reduction, m.allow_bf16_reduced_precision_reduction = saved
         return calls, _kernels(prof, len(cases))
+
+
+def attempt(fn) -> str | None:
+    """Run ``fn``; the message of the ``RuntimeError`` it raises, or None. torch raises per call
+    where its settings leave cuBLAS no way to run the GEMM (with ``CUBLASLT_WORKSPACE_SIZE=0``,
+    cuBLASLt calls raise "OOM trying to allocate workspace for cublaslt"): that case is recorded
+    with its error, and the rest of the grid goes on.
+
+    >>> attempt(lambda: None) is None
+    True
+    """
+    try:
+        fn()
+    except RuntimeError as e:
+        return f"{type(e).__name__}: {str(e)[:300]}"
+    return None
+
+
+# torch's environment variables that change cuBLAS's choices, kept in a record's header
+ENV = ("CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE", "TORCH_BLAS_PREFER_CUBLASLT", "DISABLE_ADDMM_CUDA_LT")
+
+
+def environment(environ=os.environ) -> dict:
+    """The variables of :data:`ENV` set in ``environ``.
+
+    >>> environment({"CUBLAS_WORKSPACE_CONFIG": ":0:0", "HOME": "/root"})
+    {'CUBLAS_WORKSPACE_CONFIG': ':0:0'}
+    """
+    return {k: environ[k] for k in ENV if k in environ}
 
 
 def _kernels(prof, n):
@@ -287,7 +316,8 @@ def _check_cases(cases):
 
 def _write(path, header, rows, t0):
     header = header | {"seconds": round(time.time() - t0, 1),
-                       "cases without a cuBLASLt call": sum(not r["calls"] for r in rows)}
+                       "cases without a cuBLASLt call": sum(not r["calls"] for r in rows),
+                       "cases torch refused": sum("error" in r for r in rows)}
     part = Path(path).with_name(Path(path).name + ".partial")  # a write cut off leaves the last one whole
     with gzip.open(part, "wt") as f:
         json.dump({"header": header, "cases": rows}, f, separators=(",", ":"))
@@ -342,7 +372,7 @@ def record(path, *, cases=None, shapes=None, quick: bool = False, chunk: int = 5
     props = torch.cuda.get_device_properties(0)
     header = {"schema": SCHEMA, "gpu": torch.cuda.get_device_name(0), "sms": props.multi_processor_count,
               "cc": f"{props.major}.{props.minor}", "torch": torch.__version__, "cuda": torch.version.cuda,
-              "cublaslt": int(lib.cublasLtGetVersion()), "date": time.strftime("%Y-%m-%d")}
+              "cublaslt": int(lib.cublasLtGetVersion()), "env": environment(), "date": time.strftime("%Y-%m-%d")}
     path = Path(path)
     try:
         if progress:
@@ -350,7 +380,8 @@ def record(path, *, cases=None, shapes=None, quick: bool = False, chunk: int = 5
         for i in range(0, len(cases), chunk):
             part = cases[i:i + chunk]
             calls, kernels = runner.chunk(part, logger)
-            rows += [dict(c, calls=cl, kernels=k) for c, cl, k in zip(part, calls, kernels)]
+            rows += [dict(c, error=cl["error"], calls=[], kernels=[]) if isinstance(cl, dict) else
+                     dict(c, calls=cl, kernels=k) for c, cl, k in zip(part, calls, kernels)]
             if progress and (time.time() - shown > 10 or len(rows) == len(cases)):  # a line every 10 s
                 print(f"tcemu.record: {len(rows)} of {len(cases)} cases, {time.time() - t0:.0f} s", file=sys.stderr,
                       flush=True)
