@@ -172,8 +172,8 @@ def library_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, ba
 
     ``workspace=0`` (torch's GEMMs, default mode): a process with a zero cuBLAS workspace
     (``CUBLAS_WORKSPACE_CONFIG=:0:0`` and ``CUBLASLT_WORKSPACE_SIZE=0``): cuBLAS then runs the
-    default answer's kernel without split-K (source "rule" where that kernel is nvjet and the
-    default answer recorded or a rule; "nearest" otherwise). With ``allow_splitk=False`` it is
+    default answer's kernel without split-K (source "rule" for f16 / bf16 at K and N multiples of
+    8, one chain per tile; "nearest" where K or N is not). With ``allow_splitk=False`` it is
     refused (torch raises for most such GEMMs). Records made by :func:`tcemu.record` in such a
     process (its header's ``env``) imply ``workspace=0``.
 
@@ -251,18 +251,22 @@ def _check_workspace(lib: str, flags: dict) -> bool:
 
 def _zero_workspace(lib: str, cfg: GemmConfig, source: str, K: int, N: int, flags: dict) -> tuple[GemmConfig, str]:
     """torch's GEMMs with a zero cuBLAS workspace: cuBLAS runs the default answer's kernel
-    without its split-K (no workspace for the partials), one chain per output tile, and a
-    layer's bias or C where that kernel adds them unsplit. Measured on the H200 (zero-workspace
-    captures, ``experiments/hardware/README.md``): right wherever the default answer is and its
-    kernel is nvjet; where a CUTLASS 2 kernel (K or N off a multiple of 8) loses its split,
-    cuBLAS may take another CUTLASS kernel, so that answer is "nearest"."""
-    s = cfg.schedule
-    if s.slices == 1:
-        return cfg, source
-    cfg = cfg.replace(schedule=KSchedule(k_tile=s.k_tile, residue=s.residue, promotion=s.promotion))
-    if lib in LAYERS:
-        cfg = cfg.replace(epilogue=_torch_epilogue(lib, _flags(lib, flags), K, N))
-    return cfg, ("rule" if cublas_family(K, N) == "nvjet" and source in ("recorded", "rule") else "nearest")
+    without its split-K (no workspace for the partials), and a layer's bias or C where that
+    kernel adds them unsplit. With K and N multiples of 8 (nvjet) an f16 / bf16 GEMM is then one
+    chain per output tile whatever the tile: a rule. Measured on the H200 (zero-workspace
+    captures, ``experiments/hardware/README.md``): every such case right. Where a CUTLASS 2
+    kernel (K or N off a multiple of 8) loses its split, cuBLAS may take another CUTLASS kernel
+    (s1688 or wmma s161616, by shape), so that answer is "nearest"."""
+    s = cfg.k_schedule
+    nvjet = cublas_family(K, N) == "nvjet"
+    if s.slices != 1:
+        cfg = cfg.replace(schedule=KSchedule(k_tile=s.k_tile, residue=s.residue, promotion=s.promotion))
+        if lib in LAYERS:
+            cfg = cfg.replace(epilogue=_torch_epilogue(lib, _flags(lib, flags), K, N))
+        source = "rule" if nvjet and source in ("recorded", "rule") else "nearest"
+    if nvjet and source == "nearest" and lib != "torch._scaled_mm" and cfg.k_schedule == KSchedule(k_tile=s.k_tile):
+        source = "rule"  # one chain per tile: the bits do not depend on the guessed kernel
+    return cfg, source
 
 
 def _recorded_epilogue(lib: str, f: dict, row: dict, epi: Epilogue) -> Epilogue:
