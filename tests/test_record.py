@@ -144,3 +144,16 @@ def test_partial_write_cut_off_keeps_the_last_one(tmp_path):
         R._write(path, {"gpu": "X"}, [{"calls": [1]}, {"calls": [object()]}], 0.0)
     with gzip.open(path, "rt") as f:
         assert json.load(f)["cases"] == [{"calls": [1]}]
+
+
+def test_a_case_torch_refuses_is_kept_with_its_error():
+    from tcemu._src.record import attempt, environment
+
+    def refused():
+        raise RuntimeError("OOM trying to allocate workspace for cublaslt")
+
+    assert attempt(refused) == "RuntimeError: OOM trying to allocate workspace for cublaslt"
+    with pytest.raises(TypeError):  # not torch's refusal: a bug, raised
+        attempt(lambda: None + 1)
+    env = {"CUBLAS_WORKSPACE_CONFIG": ":0:0", "CUBLASLT_WORKSPACE_SIZE": "0", "PATH": "/bin"}
+    assert environment(env) == {"CUBLAS_WORKSPACE_CONFIG": ":0:0", "CUBLASLT_WORKSPACE_SIZE": "0"}

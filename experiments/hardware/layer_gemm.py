@@ -44,6 +44,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 import gemm_inputs as G  # noqa: E402
 import library_gemm as LG  # noqa: E402
 from tcemu._src import captures as C  # noqa: E402
+from tcemu._src.record import environment  # noqa: E402
 
 SHAPES = {  # (M, N, K): odd and round, skinny and deep
     "dev": [(77, 3072, 768), (128, 768, 3072), (333, 1000, 555), (512, 1024, 1024), (1024, 4096, 1024),
@@ -347,10 +348,8 @@ class Torch:
         raise RuntimeError("; ".join(errors))
 
     def versions(self):
-        env = {k: os.environ[k] for k in ("DISABLE_ADDMM_CUDA_LT", "TORCH_BLAS_PREFER_CUBLASLT",
-                                          "CUBLASLT_WORKSPACE_SIZE", "CUBLAS_WORKSPACE_CONFIG") if k in os.environ}
         t = self.torch
-        return {"torch": t.__version__, "cuda": t.version.cuda, "cublas": LG._cublas_version(), "env": env,
+        return {"torch": t.__version__, "cuda": t.version.cuda, "cublas": LG._cublas_version(), "env": environment(),
                 "sms": t.cuda.get_device_properties(0).multi_processor_count, "gpu": t.cuda.get_device_name(0)}
 
     def tensor(self, bits, fmt):

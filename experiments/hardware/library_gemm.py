@@ -30,6 +30,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))
 import gemm_inputs as G  # noqa: E402
 from tcemu._src import captures as C  # noqa: E402
+from tcemu._src.record import environment  # noqa: E402
 
 
 def gpu_name():
@@ -64,7 +65,7 @@ class Torch:
         t = self.torch
         return {"torch": t.__version__, "cuda": t.version.cuda, "cublas": _cublas_version(),
                 "blas": str(t.backends.cuda.preferred_blas_library()),
-                "env": {k: os.environ[k] for k in ("CUBLASLT_WORKSPACE_SIZE", "CUBLAS_WORKSPACE_CONFIG") if k in os.environ},
+                "env": environment(),
                 "sms": t.cuda.get_device_properties(0).multi_processor_count,
                 "gpu": t.cuda.get_device_name(0)}
 

@@ -217,10 +217,11 @@ class _Runner:
         return (lambda: t.bmm(a, b)) if c["lib"] == "torch.bmm" else (lambda: t.mm(a, b))
 
     def chunk(self, cases, logger):
-        """Per case: the cuBLASLt calls (parsed trace messages) and the kernels that ran."""
+        """Per case: the cuBLASLt calls (parsed trace messages), the kernels that ran, and the
+        error torch raised (None: it ran)."""
         t = self.t
         from torch.profiler import ProfilerActivity, profile, record_function
-        calls = []
+        calls, errors = [], []
         m = t.backends.cuda.matmul
         blas, saved = t.backends.cuda.preferred_blas_library(), (m.allow_fp16_reduced_precision_reduction,
                                                                  m.allow_bf16_reduced_precision_reduction)
@@ -230,14 +231,14 @@ class _Runner:
                     fn = self.call(c)
                     logger.calls = []
                     with record_function(f"tcemu_case{i}"):
-                        error = attempt(fn)
-                    calls.append({"error": error} if error else logger.calls)
+                        errors.append(attempt(fn))
+                    calls.append(logger.calls)
                     logger.calls = None
                 t.cuda.synchronize()
         finally:
             t.backends.cuda.preferred_blas_library(blas)
             m.allow_fp16_reduced_precision_reduction, m.allow_bf16_reduced_precision_reduction = saved
-        return calls, _kernels(prof, len(cases))
+        return calls, _kernels(prof, len(cases)), errors
 
 
 def attempt(fn) -> str | None:
@@ -379,9 +380,9 @@ def record(path, *, cases=None, shapes=None, quick: bool = False, chunk: int = 5
             print(f"tcemu.record: {len(cases)} cases on {header['gpu']}", file=sys.stderr, flush=True)
         for i in range(0, len(cases), chunk):
             part = cases[i:i + chunk]
-            calls, kernels = runner.chunk(part, logger)
-            rows += [dict(c, error=cl["error"], calls=[], kernels=[]) if isinstance(cl, dict) else
-                     dict(c, calls=cl, kernels=k) for c, cl, k in zip(part, calls, kernels)]
+            calls, kernels, errors = runner.chunk(part, logger)
+            rows += [dict(c, calls=[], kernels=[], error=e) if e else dict(c, calls=cl, kernels=k)
+                     for c, cl, k, e in zip(part, calls, kernels, errors)]
             if progress and (time.time() - shown > 10 or len(rows) == len(cases)):  # a line every 10 s
                 print(f"tcemu.record: {len(rows)} of {len(cases)} cases, {time.time() - t0:.0f} s", file=sys.stderr,
                       flush=True)
