@@ -215,10 +215,7 @@ def library_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, ba
             raise TypeError(f"library_config: {name} must be True or False, got {v!r}")
     if hlo is not None and lib != "jnp.dot":
         raise ValueError(f"library_config: hlo= is for jnp.dot (XLA's compiled choice), not {lib}")
-    if (lib in ZERO_WORKSPACE_LIBS and "workspace" not in flags and isinstance(records, (str, Path))
-            and Path(records).is_file() and R.zero_workspace(R.header(str(records)).get("env", {}))):
-        flags = dict(flags, workspace=0)  # records made with a zero workspace answer for it
-    zero = _check_workspace(lib, flags)
+    zero = _check_workspace(lib, flags, records)
     cfg, source = _answer(lib, arch, M, N, K, a, b, out, batch, records, flags, hlo)
     if zero:
         cfg, source = _zero_workspace(lib, cfg, source, K, N, flags)
@@ -229,11 +226,15 @@ def library_config(lib: str, *, arch: str, M: int, N: int, K: int, a, b, out, ba
     return (cfg, source) if with_source else cfg
 
 
-def _check_workspace(lib: str, flags: dict) -> bool:
+def _check_workspace(lib: str, flags: dict, records) -> bool:
     """Takes ``workspace`` out of ``flags``: whether it asks for a zero workspace (see
-    :func:`_zero_workspace`); anything else than 0 or omitted is refused."""
+    :func:`_zero_workspace`), or ``records`` were made with one; anything else than 0 or
+    omitted is refused."""
     if "workspace" not in flags:
-        return False
+        if not (lib in ZERO_WORKSPACE_LIBS and isinstance(records, (str, Path)) and Path(records).is_file()
+                and R.zero_workspace(R.header(str(records)).get("env", {}))):
+            return False
+        flags["workspace"] = 0  # records made with a zero workspace answer for it
     w = flags.pop("workspace")
     if isinstance(w, bool) or not isinstance(w, int) or w != 0:
         raise ValueError(f"library_config: workspace must be 0 (CUBLAS_WORKSPACE_CONFIG=:0:0 and "
