@@ -237,9 +237,9 @@ def _shipped_twin(path: str) -> str:
     ``path``."""
     if path in {str(p) for p in SHIPPED.values()}:
         return path
-    header = load(path)[0]
+    mine = header(path)
     return next((str(p) for p in SHIPPED.values()
-                 if p.exists() and all(header.get(f) == load(str(p))[0].get(f) for f in TWIN)), path)
+                 if p.exists() and all(mine.get(f) == header(str(p)).get(f) for f in TWIN)), path)
 
 
 def _translated(path: str, fit: str, row: dict, k: tuple) -> dict | None:
@@ -347,10 +347,10 @@ def records_path(records, arch, gpu: str):
                         f"shipped for {', '.join(SHIPPED)}) or False (none), got {records!r}")
     if not Path(records).is_file():
         raise ValueError(f"library_config: records={str(records)!r} is not a file (write one with tcemu.record)")
-    header = load(str(records))[0]
-    words = re.split(r"[^A-Z0-9]+", str(header.get("gpu", "")).upper())
+    made_on = header(str(records)).get("gpu")
+    words = re.split(r"[^A-Z0-9]+", str(made_on or "").upper())
     if gpu not in words:
-        raise ValueError(f"library_config: records={str(records)!r} were made on {header.get('gpu')!r}, not on "
+        raise ValueError(f"library_config: records={str(records)!r} were made on {made_on!r}, not on "
                          f"arch={arch!r}")
     return str(records)
 
